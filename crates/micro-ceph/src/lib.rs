@@ -1,1 +1,300 @@
-//! micro-ceph
+//! A private single-node Ceph cluster for a test binary.
+//!
+//! [`cluster()`] starts one cluster (1 mon + 1 OSD, memstore, cephx, 127.0.0.1 only) the first time
+//! it is called in a process and returns it on every later call. The cluster is always stopped:
+//!
+//! * when the test binary exits normally (an `atexit` hook runs `scripts/micro-ceph-stop.sh`), which
+//!   covers failed tests too, since the harness catches their panics and exits normally;
+//! * when the process dies any other way (abort, SIGKILL, a panic with `panic = "abort"`): a small
+//!   guardian process, started in its own session, waits for the test process to disappear and then
+//!   stops the cluster.
+//!
+//! Each cluster gets its own mon port (and the 99 ports above it for the OSD), claimed with an
+//! advisory lock on `/tmp/micro-ceph-port-<port>.lock`, so test binaries can run in parallel.
+//!
+//! [`MicroCeph::start`] gives an owned cluster (stopped on drop) for tests that break their cluster
+//! on purpose (outage tests).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// Why a cluster could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no free mon port found between {first} and {last}")]
+    NoFreePort { first: u16, last: u16 },
+    #[error("micro-ceph.sh failed ({status}):\n{output}")]
+    StartFailed { status: String, output: String },
+    #[error("reading the cluster's env file {path}: {source}")]
+    Env {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the cluster's env file {path} lacks {key}")]
+    MissingKey { path: PathBuf, key: &'static str },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A running micro cluster.
+#[derive(Debug)]
+pub struct MicroCeph {
+    /// The cluster directory (config, keyring, logs, pid files).
+    pub dir: PathBuf,
+    /// `host:port` list, as a StorageClass `monitors` parameter takes it.
+    pub monitors: String,
+    /// The `client.admin` key (base64). Test-only secret.
+    pub admin_key: String,
+    /// A replicated pool initialised for RBD.
+    pub pool: String,
+    /// `ceph.conf` of the cluster (for the `rbd` CLI: `--conf` or `CEPH_CONF`).
+    pub conf_path: PathBuf,
+    /// The mon port.
+    pub mon_port: u16,
+    stop_on_drop: bool,
+    _port_lock: File,
+}
+
+const PORT_FIRST: u16 = 40_000;
+const PORT_LAST: u16 = 59_900;
+
+/// The shared cluster of this test binary, started on first use.
+///
+/// # Panics
+/// When the cluster cannot be started: every test that needs it would fail anyway, and the panic
+/// message carries the script's output.
+#[allow(clippy::panic)]
+pub fn cluster() -> &'static MicroCeph {
+    static CLUSTER: OnceLock<MicroCeph> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let mut cluster = match MicroCeph::start() {
+            Ok(c) => c,
+            Err(e) => panic!("starting micro-ceph: {e}"),
+        };
+        // Statics are never dropped: stop it at exit instead.
+        cluster.stop_on_drop = false;
+        register_atexit_stop(&cluster.dir);
+        cluster
+    })
+}
+
+impl MicroCeph {
+    /// Starts a new cluster owned by the caller; it is stopped when the value is dropped.
+    pub fn start() -> Result<MicroCeph, Error> {
+        let (mon_port, lock) = claim_port()?;
+        let dir = std::env::temp_dir().join(format!("micro-ceph-test-{mon_port}"));
+        let scripts = scripts_dir();
+        let out = Command::new(scripts.join("micro-ceph.sh"))
+            .arg(&dir)
+            .env("MON_PORT", mon_port.to_string())
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| Error::Io {
+                what: "running micro-ceph.sh".into(),
+                source,
+            })?;
+        if !out.status.success() {
+            // The script kills what it started on failure; remove the directory too.
+            stop(&dir, true);
+            return Err(Error::StartFailed {
+                status: out.status.to_string(),
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            });
+        }
+        spawn_guardian(&dir)?;
+        let env_path = dir.join("env");
+        let env = std::fs::read_to_string(&env_path).map_err(|source| Error::Env {
+            path: env_path.clone(),
+            source,
+        })?;
+        let get = |key: &'static str| {
+            env_value(&env, key).ok_or_else(|| Error::MissingKey {
+                path: env_path.clone(),
+                key,
+            })
+        };
+        Ok(MicroCeph {
+            monitors: get("CEPH_MON_HOST")?,
+            admin_key: get("CEPH_ADMIN_KEY")?,
+            pool: get("MICRO_CEPH_POOL")?,
+            conf_path: PathBuf::from(get("CEPH_CONF")?),
+            dir,
+            mon_port,
+            stop_on_drop: true,
+            _port_lock: lock,
+        })
+    }
+
+    /// A `Command` for a Ceph CLI (`rbd`, `ceph`, `rados`) pointed at this cluster as client.admin.
+    pub fn cli(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.arg("--conf").arg(&self.conf_path).env_remove("CEPH_ARGS");
+        cmd
+    }
+
+    /// Runs `rbd ARGS` against this cluster and returns stdout; an error carries stderr.
+    pub fn rbd(&self, args: &[&str]) -> Result<String, Error> {
+        let out = self
+            .cli("rbd")
+            .args(args)
+            .output()
+            .map_err(|source| Error::Io {
+                what: "running rbd".into(),
+                source,
+            })?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(Error::Io {
+                what: format!("rbd {}", args.join(" ")),
+                source: io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
+            })
+        }
+    }
+
+    /// Pid of a daemon (`mon.a`, `osd.0`) from its pid file.
+    pub fn daemon_pid(&self, name: &str) -> Option<i32> {
+        std::fs::read_to_string(self.dir.join("run").join(format!("{name}.pid")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) a daemon, to simulate an unreachable cluster.
+    pub fn pause_daemon(&self, name: &str, paused: bool) -> bool {
+        let Some(pid) = self.daemon_pid(name) else {
+            return false;
+        };
+        let sig = if paused { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: kill(2) with a pid read from the cluster's own pid file; no memory is involved.
+        unsafe { libc::kill(pid, sig) == 0 }
+    }
+}
+
+impl Drop for MicroCeph {
+    fn drop(&mut self) {
+        if self.stop_on_drop {
+            stop(&self.dir, false);
+        }
+    }
+}
+
+fn env_value(env: &str, key: &str) -> Option<String> {
+    env.lines().find_map(|line| {
+        let rest = line.trim().strip_prefix("export ")?.strip_prefix(key)?;
+        let value = rest.strip_prefix('=')?;
+        // drop a trailing `# comment`
+        let value = value.split_once(" #").map_or(value, |(v, _)| v);
+        Some(value.trim().to_string())
+    })
+}
+
+/// Where the cluster scripts live: `MICRO_CEPH_SCRIPTS` or the workspace's `scripts/`.
+fn scripts_dir() -> PathBuf {
+    std::env::var_os("MICRO_CEPH_SCRIPTS").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts"),
+        PathBuf::from,
+    )
+}
+
+fn stop(dir: &Path, kill: bool) {
+    let mut cmd = Command::new(scripts_dir().join("micro-ceph-stop.sh"));
+    cmd.arg(dir);
+    if kill {
+        cmd.arg("--kill");
+    }
+    let _ = cmd.stdout(Stdio::null()).stderr(Stdio::null()).status();
+}
+
+/// Claims a mon port: free on 127.0.0.1 and not locked by another test process.
+fn claim_port() -> Result<(u16, File), Error> {
+    // Start from a pid-dependent offset so parallel binaries rarely probe the same ports.
+    let slots = (PORT_LAST - PORT_FIRST) / 100 + 1;
+    let start = (std::process::id() % u32::from(slots)) as u16;
+    for i in 0..slots {
+        let port = PORT_FIRST + ((start + i) % slots) * 100;
+        let path = std::env::temp_dir().join(format!("micro-ceph-port-{port}.lock"));
+        let Ok(file) = File::create(&path) else {
+            continue;
+        };
+        // SAFETY: flock(2) on a descriptor we own; the lock lives as long as `file`.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        if locked && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok((port, file));
+        }
+    }
+    Err(Error::NoFreePort {
+        first: PORT_FIRST,
+        last: PORT_LAST,
+    })
+}
+
+/// Starts a process in its own session that stops the cluster once this process is gone.
+fn spawn_guardian(dir: &Path) -> Result<(), Error> {
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; exec \"$0\" \"$1\" --kill",
+        pid = std::process::id()
+    );
+    Command::new("setsid")
+        .arg("bash")
+        .arg("-c")
+        .arg(script)
+        .arg(scripts_dir().join("micro-ceph-stop.sh"))
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(drop)
+        .map_err(|source| Error::Io {
+            what: "starting the cluster guardian".into(),
+            source,
+        })
+}
+
+static ATEXIT_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn stop_at_exit() {
+    if let Some(dir) = ATEXIT_DIR.get() {
+        stop(dir, false);
+    }
+}
+
+fn register_atexit_stop(dir: &Path) {
+    if ATEXIT_DIR.set(dir.to_path_buf()).is_ok() {
+        // SAFETY: registers a plain `extern "C"` function with no captured state.
+        unsafe {
+            libc::atexit(stop_at_exit);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_values_are_read_without_comments() {
+        let env = "export CEPH_CONF=/x/ceph.conf\nexport CEPH_MON_HOST=127.0.0.1:40000   # monitors\n";
+        assert_eq!(env_value(env, "CEPH_CONF").as_deref(), Some("/x/ceph.conf"));
+        assert_eq!(
+            env_value(env, "CEPH_MON_HOST").as_deref(),
+            Some("127.0.0.1:40000")
+        );
+        assert_eq!(env_value(env, "CEPH"), None);
+    }
+}
