@@ -1,12 +1,28 @@
 //! A generic external-provisioning controller: the Rust counterpart of
-//! `sig-storage-lib-external-provisioner`.
+//! `sig-storage-lib-external-provisioner`. It knows nothing about any storage system.
 //!
-//! A storage backend implements [`Provisioner`] (and optionally [`Expander`]) from [`volume`];
-//! this crate does the Kubernetes side.
+//! A backend implements [`Provisioner`] (and optionally [`Expander`]) from [`volume`], the one
+//! file a backend author needs to read. [`Controller`] does the Kubernetes side: reflectors for
+//! claims, volumes and classes, a de-duplicating work queue with per-key backoff, the
+//! provision / delete / expand flows, [`events`], [`metrics`] and [`leader`] election.
+//!
+//! Pure decisions live in [`ownership`] (is this claim ours?), [`pv`] (finish a PV, should this
+//! PV be deleted?), [`resize`] (does this claim need expansion?) and [`quantity`].
 
+pub mod config;
+pub mod events;
+pub mod leader;
+pub mod metrics;
+pub mod ownership;
+pub mod pv;
 pub mod quantity;
+pub mod queue;
+pub mod resize;
 pub mod volume;
 
+pub use config::Config;
+pub use leader::{LeaderElectionConfig, LeaderElector, Leadership};
+pub use metrics::Metrics;
 pub use volume::{
     DeleteError, ExpandError, ExpandOutcome, Expander, ProvisionError, ProvisionOptions,
     Provisioned, Provisioner, SecretRef,
