@@ -10,6 +10,7 @@
 //! PV be deleted?), [`resize`] (does this claim need expansion?) and [`quantity`].
 
 pub mod config;
+mod controller;
 pub mod events;
 pub mod leader;
 pub mod metrics;
@@ -21,6 +22,7 @@ pub mod resize;
 pub mod volume;
 
 pub use config::Config;
+pub use controller::{Controller, ControllerError};
 pub use leader::{LeaderElectionConfig, LeaderElector, Leadership};
 pub use metrics::Metrics;
 pub use volume::{

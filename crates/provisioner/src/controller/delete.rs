@@ -1,0 +1,120 @@
+//! Deletion: released PV of ours with reclaim policy Delete -> backend delete -> PV delete ->
+//! our finalizer removed.
+//!
+//! # Guarantees
+//! - Only PVs with our `pv.kubernetes.io/provisioned-by` are touched; Retain leaves
+//!   everything (except our own finalizer once the PV is being deleted).
+//! - The StorageClass is never needed: the backend reads what it needs from the PV.
+//! - A backend refusal (volume in use) is a `VolumeFailedDelete` Warning and a retry with
+//!   backoff; the PV stays.
+//! - Each step is idempotent, so a restart anywhere converges (the backend treats an
+//!   already-deleted volume as success; a missing PV is fine).
+
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::ObjectRef;
+
+use super::{Retry, Shared, error_chain};
+use crate::events::EventType;
+use crate::pv::{self, FINALIZER, VolumeDecision};
+use crate::volume::DeleteError;
+
+/// Event reason for a failed deletion (upstream's).
+pub(crate) const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+
+pub(super) async fn sync_volume(shared: &Shared, name: &str) -> Result<(), Retry> {
+    let Some(volume) = shared.volumes.get(&ObjectRef::new(name)) else {
+        return Ok(());
+    };
+    match pv::decide(&volume, &shared.names) {
+        VolumeDecision::Keep => Ok(()),
+        VolumeDecision::RemoveFinalizer => remove_finalizer(shared, name).await,
+        VolumeDecision::Delete => delete(shared, &volume, name).await,
+    }
+}
+
+async fn delete(shared: &Shared, volume: &PersistentVolume, name: &str) -> Result<(), Retry> {
+    if !shared.provisioner.should_delete(volume) {
+        return Ok(());
+    }
+    let class = volume
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.storage_class_name.clone())
+        .unwrap_or_default();
+    let started = Instant::now();
+    match shared.provisioner.delete(volume).await {
+        Ok(()) => {}
+        Err(DeleteError::Ignored(error)) => {
+            tracing::debug!(volume = name, error = %error, "backend ignored the deletion");
+            return Ok(());
+        }
+        Err(error) => {
+            shared.metrics.delete_failed(&class);
+            let why = error_chain(&error);
+            tracing::warn!(volume = name, error = %why, "deleting volume failed");
+            shared.event(volume, EventType::Warning, VOLUME_FAILED_DELETE, &why);
+            return Err(Retry);
+        }
+    }
+    let api: Api<PersistentVolume> = Api::all(shared.client.clone());
+    let params = DeleteParams {
+        preconditions: volume.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => {
+            tracing::warn!(volume = name, %error, "deleting the PV failed");
+            return Err(Retry);
+        }
+    }
+    shared.metrics.deleted(&class, started.elapsed());
+    tracing::info!(volume = name, "deleted");
+    if pv::has_finalizer(volume) {
+        remove_finalizer(shared, name).await?;
+    }
+    Ok(())
+}
+
+/// Removes our finalizer from the current PV (read fresh; the write is conditional on its
+/// resourceVersion, so we never drop someone else's concurrent change).
+async fn remove_finalizer(shared: &Shared, name: &str) -> Result<(), Retry> {
+    let api: Api<PersistentVolume> = Api::all(shared.client.clone());
+    let current = match api.get_opt(name).await {
+        Ok(Some(current)) => current,
+        Ok(None) => return Ok(()),
+        Err(error) => {
+            tracing::warn!(volume = name, %error, "could not read PV to remove our finalizer");
+            return Err(Retry);
+        }
+    };
+    let finalizers = current.metadata.finalizers.clone().unwrap_or_default();
+    if !finalizers.iter().any(|f| f == FINALIZER) {
+        return Ok(());
+    }
+    let remaining: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+    let patch = serde_json::json!({
+        "metadata": {
+            "finalizers": remaining,
+            "resourceVersion": current.metadata.resource_version,
+        }
+    });
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => {
+            tracing::warn!(volume = name, %error, "could not remove our finalizer");
+            Err(Retry)
+        }
+    }
+}

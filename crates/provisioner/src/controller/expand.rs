@@ -1,0 +1,206 @@
+//! Expansion, as the external-resizer does it: bound claim of ours asks for more ->
+//! `Resizing` -> backend expand -> PV capacity raised -> claim status.
+//!
+//! # Flow
+//! 1. [`resize::decide`] says `Expand` (or `Shrink`: a Warning, nothing changes).
+//! 2. `Resizing` event; the [`Expander`](crate::Expander) grows the volume.
+//! 3. PV `spec.capacity.storage` is raised to the new size.
+//! 4. If the node must still grow the filesystem: claim condition `FileSystemResizePending`
+//!    and event `FileSystemResizeRequired`; else claim `status.capacity` is set and event
+//!    `VolumeResizeSuccessful`.
+//!
+//! A failure anywhere is `VolumeResizeFailed` and a retry with backoff. A restart between
+//! steps re-runs the (idempotent) expand and the remaining writes.
+
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+
+use super::{Retry, Shared, error_chain};
+use crate::events::EventType;
+use crate::quantity::{self, format_bytes};
+use crate::resize::{self, CONDITION_FS_RESIZE_PENDING, CONDITION_RESIZING, ResizeDecision};
+use crate::volume::ExpandOutcome;
+
+/// Event reasons (the external-resizer's).
+pub(crate) const RESIZING: &str = "Resizing";
+pub(crate) const VOLUME_RESIZE_SUCCESSFUL: &str = "VolumeResizeSuccessful";
+pub(crate) const VOLUME_RESIZE_FAILED: &str = "VolumeResizeFailed";
+pub(crate) const FILE_SYSTEM_RESIZE_REQUIRED: &str = "FileSystemResizeRequired";
+
+pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry> {
+    let Some(expander) = shared.expander.clone() else {
+        return Ok(());
+    };
+    let Some(claim) = shared.claim_by_uid(uid) else {
+        return Ok(());
+    };
+    let Some(volume_name) = claim
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.volume_name.clone())
+    else {
+        return Ok(());
+    };
+    let Some(volume) = shared.volumes.get(&ObjectRef::new(&volume_name)) else {
+        return Ok(());
+    };
+    let Some(class) =
+        crate::ownership::storage_class_name(&claim).and_then(|name| shared.class(name))
+    else {
+        return Ok(());
+    };
+    let class_name = class.name_any();
+    let requested = match resize::decide(&claim, &volume, &class, &shared.names) {
+        ResizeDecision::Nothing => return Ok(()),
+        ResizeDecision::Shrink {
+            requested,
+            capacity,
+        } => {
+            let message = format!(
+                "requested size {} is smaller than the current capacity {}: volumes cannot shrink; \
+                 set spec.resources.requests.storage back to at least {}",
+                format_bytes(requested),
+                format_bytes(capacity),
+                format_bytes(capacity)
+            );
+            shared.event(&*claim, EventType::Warning, VOLUME_RESIZE_FAILED, &message);
+            return Ok(());
+        }
+        ResizeDecision::Expand { requested } => requested,
+    };
+
+    shared.event(
+        &*claim,
+        EventType::Normal,
+        RESIZING,
+        &format!("External resizer is resizing volume {volume_name}"),
+    );
+    let started = Instant::now();
+    let outcome = match expander.expand(&volume, requested).await {
+        Ok(outcome) if outcome.capacity_bytes >= requested => outcome,
+        Ok(outcome) => {
+            let message = format!(
+                "resize volume {volume_name:?} failed: the backend reported {} after a request for {}",
+                format_bytes(outcome.capacity_bytes),
+                format_bytes(requested)
+            );
+            return fail(shared, &claim, &class_name, &message);
+        }
+        Err(error) => {
+            let message = format!(
+                "resize volume {volume_name:?} failed: {}",
+                error_chain(&error)
+            );
+            return fail(shared, &claim, &class_name, &message);
+        }
+    };
+    if let Err(error) = raise_volume_capacity(shared, &volume, outcome.capacity_bytes).await {
+        let message =
+            format!("updating the capacity of PersistentVolume {volume_name:?} failed: {error}");
+        return fail(shared, &claim, &class_name, &message);
+    }
+    if let Err(error) = update_claim_status(shared, &claim, outcome).await {
+        let message = format!("updating the status of the claim failed: {error}");
+        return fail(shared, &claim, &class_name, &message);
+    }
+    shared.metrics.expanded(&class_name, started.elapsed());
+    if outcome.node_expansion_required {
+        shared.event(
+            &*claim,
+            EventType::Normal,
+            FILE_SYSTEM_RESIZE_REQUIRED,
+            "Require file system resize of volume on node",
+        );
+    } else {
+        shared.event(
+            &*claim,
+            EventType::Normal,
+            VOLUME_RESIZE_SUCCESSFUL,
+            "Resize volume succeeded",
+        );
+    }
+    Ok(())
+}
+
+fn fail(
+    shared: &Shared,
+    claim: &PersistentVolumeClaim,
+    class: &str,
+    message: &str,
+) -> Result<(), Retry> {
+    shared.metrics.expand_failed(class);
+    tracing::warn!(claim = %claim.name_any(), error = message, "expansion failed");
+    shared.event(claim, EventType::Warning, VOLUME_RESIZE_FAILED, message);
+    Err(Retry)
+}
+
+async fn raise_volume_capacity(
+    shared: &Shared,
+    volume: &PersistentVolume,
+    bytes: u64,
+) -> Result<(), kube::Error> {
+    if quantity::volume_capacity_bytes(volume).is_some_and(|current| current >= bytes) {
+        return Ok(());
+    }
+    let api: Api<PersistentVolume> = Api::all(shared.client.clone());
+    let patch =
+        serde_json::json!({ "spec": { "capacity": { "storage": quantity::quantity(bytes) } } });
+    api.patch(
+        &volume.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+async fn update_claim_status(
+    shared: &Shared,
+    claim: &PersistentVolumeClaim,
+    outcome: ExpandOutcome,
+) -> Result<(), kube::Error> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(
+        shared.client.clone(),
+        claim.meta().namespace.as_deref().unwrap_or("default"),
+    );
+    // Merge patches replace lists: keep every condition that is not ours to manage.
+    let mut conditions: Vec<serde_json::Value> = claim
+        .status
+        .as_ref()
+        .and_then(|status| status.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_ != CONDITION_RESIZING && c.type_ != CONDITION_FS_RESIZE_PENDING)
+        .filter_map(|c| serde_json::to_value(c).ok())
+        .collect();
+    let size = quantity::quantity(outcome.capacity_bytes);
+    let status = if outcome.node_expansion_required {
+        conditions.push(serde_json::json!({
+            "type": CONDITION_FS_RESIZE_PENDING,
+            "status": "True",
+            "lastProbeTime": null,
+            "lastTransitionTime": Time(Timestamp::now()),
+            "message": "Waiting for user to (re-)start a pod to finish file system resize of volume on node.",
+        }));
+        serde_json::json!({ "conditions": conditions, "allocatedResources": { "storage": size } })
+    } else {
+        serde_json::json!({
+            "conditions": conditions,
+            "capacity": { "storage": size },
+            "allocatedResources": { "storage": size },
+        })
+    };
+    api.patch_status(
+        &claim.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "status": status })),
+    )
+    .await
+    .map(|_| ())
+}
