@@ -74,17 +74,20 @@ pub fn decide(
     else {
         return ResizeDecision::Nothing;
     };
-    if requested < capacity {
+    // The API server refuses requests below status.capacity, but a claim whose volume already
+    // grew (status not yet updated) may be lowered below the volume's size: also a shrink.
+    let volume_size = volume_capacity_bytes(volume).unwrap_or(0);
+    let current = capacity.max(volume_size);
+    if requested < current {
         return ResizeDecision::Shrink {
             requested,
-            capacity,
+            capacity: current,
         };
     }
     if requested == capacity {
         return ResizeDecision::Nothing;
     }
-    let volume_grown = volume_capacity_bytes(volume).is_some_and(|size| size >= requested);
-    if volume_grown && has_condition(claim, CONDITION_FS_RESIZE_PENDING) {
+    if volume_size >= requested && has_condition(claim, CONDITION_FS_RESIZE_PENDING) {
         // Controller side done; the kubelet finishes the resize on the node.
         return ResizeDecision::Nothing;
     }
@@ -231,6 +234,22 @@ mod tests {
                 &names()
             ),
             ResizeDecision::Expand { requested: 2 * GI }
+        );
+    }
+
+    #[test]
+    fn request_below_grown_volume_is_a_shrink() {
+        assert_eq!(
+            decide(
+                &claim("1536Mi", "1Gi"),
+                &volume("2Gi"),
+                &class(Some(true)),
+                &names()
+            ),
+            ResizeDecision::Shrink {
+                requested: 1536 << 20,
+                capacity: 2 * GI
+            }
         );
     }
 
