@@ -1,1 +1,37 @@
-//! ceph-rbd
+//! Native access to Ceph RBD through librados and librbd: no `rbd` CLI, no keyring or ceph.conf
+//! on disk, no key on any command line.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ceph_rbd::Error> {
+//! use ceph_rbd::{ClusterConfig, ConnectionPool, CreateOptions, PoolOptions, Secret};
+//! let pool = ConnectionPool::new(PoolOptions::default());
+//! let cfg = ClusterConfig::new("10.0.0.1:6789,10.0.0.2:6789", "admin", Secret::new("AQB..."));
+//! let cluster = pool.get(&cfg).await?;
+//! cluster.create_image("rbd", "vol-1", 1 << 30, &CreateOptions::default()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! * [`ConnectionPool`] shares one connection per (monitors, user, key) and replaces broken ones.
+//! * [`Cluster`] is the async API; every call runs on tokio's blocking pool, in a tracing span,
+//!   bounded by the operation timeout (also handed to librados as its mon/osd op timeouts).
+//! * [`Error`] is typed (not found, exists, in use with watcher addresses, permission, timeout...)
+//!   and names the operation and the pool/image, never the key.
+//! * All `unsafe` code lives in the private `raw` module.
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod cluster;
+mod config;
+mod error;
+mod features;
+mod pool;
+mod probe;
+mod raw;
+
+pub use cluster::{
+    Cluster, ClusterStats, CreateOptions, ImageInfo, PoolStats, SnapInfo, TrashEntry, Watcher,
+};
+pub use config::{ClusterConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, Secret};
+pub use error::Error;
+pub use features::Features;
+pub use pool::{ConnectionPool, PoolOptions};

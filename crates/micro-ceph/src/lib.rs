@@ -141,7 +141,9 @@ impl MicroCeph {
     /// A `Command` for a Ceph CLI (`rbd`, `ceph`, `rados`) pointed at this cluster as client.admin.
     pub fn cli(&self, program: &str) -> Command {
         let mut cmd = Command::new(program);
-        cmd.arg("--conf").arg(&self.conf_path).env_remove("CEPH_ARGS");
+        cmd.arg("--conf")
+            .arg(&self.conf_path)
+            .env_remove("CEPH_ARGS");
         cmd
     }
 
@@ -289,7 +291,8 @@ mod tests {
 
     #[test]
     fn env_values_are_read_without_comments() {
-        let env = "export CEPH_CONF=/x/ceph.conf\nexport CEPH_MON_HOST=127.0.0.1:40000   # monitors\n";
+        let env =
+            "export CEPH_CONF=/x/ceph.conf\nexport CEPH_MON_HOST=127.0.0.1:40000   # monitors\n";
         assert_eq!(env_value(env, "CEPH_CONF").as_deref(), Some("/x/ceph.conf"));
         assert_eq!(
             env_value(env, "CEPH_MON_HOST").as_deref(),

@@ -20,10 +20,23 @@ fn rbd_cli_works_with_monitors_and_key_alone() {
     let c = micro_ceph::cluster();
     let out = std::process::Command::new("rbd")
         .env_remove("CEPH_CONF")
-        .args(["-m", &c.monitors, "--id", "admin", "--key", &c.admin_key, "ls", &c.pool])
+        .args([
+            "-m",
+            &c.monitors,
+            "--id",
+            "admin",
+            "--key",
+            &c.admin_key,
+            "ls",
+            &c.pool,
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -1,0 +1,554 @@
+//! The async API: one [`Cluster`] per connection, every call run on the blocking pool and bounded
+//! by the operation timeout.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use crate::raw::{IoCtx, Rados};
+use crate::{ClusterConfig, Error};
+
+/// Options for creating or cloning an image. `Default` gives librbd's defaults, format 2.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CreateOptions {
+    /// Image format, 1 or 2 (default 2).
+    pub format: Option<u8>,
+    /// Feature set; `None` leaves librbd's `rbd_default_features`.
+    pub features: Option<crate::Features>,
+    /// Erasure-coded (or other) pool for the data objects.
+    pub data_pool: Option<String>,
+    /// Object size in bytes: a power of two from 4 KiB to 32 MiB (default 4 MiB).
+    pub object_size: Option<u64>,
+    /// Stripe unit in bytes (a divisor of the object size).
+    pub stripe_unit: Option<u64>,
+    /// Number of objects striped over.
+    pub stripe_count: Option<u64>,
+}
+
+/// What `stat` tells about an image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub size: u64,
+    pub object_size: u64,
+    pub features: crate::Features,
+    /// The image id (stable across renames).
+    pub id: String,
+    /// Prefix of the image's data objects (`rbd_data.<id>`).
+    pub block_name_prefix: String,
+}
+
+/// A client watching an image: a mapped device or an open handle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Watcher {
+    /// `ip:port/nonce` of the client.
+    pub address: String,
+    pub id: u64,
+    pub cookie: u64,
+}
+
+/// One snapshot of an image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapInfo {
+    pub id: u64,
+    pub name: String,
+    pub size: u64,
+    pub protected: bool,
+}
+
+/// One image in a pool's trash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrashEntry {
+    pub id: String,
+    pub name: String,
+    /// Unix time before which the entry may not be removed without `force`.
+    pub deferment_end: i64,
+}
+
+/// Usage of one pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolStats {
+    pub used_bytes: u64,
+    pub objects: u64,
+}
+
+/// Raw capacity of the whole cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterStats {
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    pub avail_bytes: u64,
+}
+
+/// A connection to one cluster as one user. Cheap to share (`Arc`); get it from a
+/// [`ConnectionPool`](crate::ConnectionPool).
+pub struct Cluster {
+    rados: Arc<Rados>,
+    op_timeout: Duration,
+    monitors: String,
+    healthy: AtomicBool,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("monitors", &self.monitors)
+            .field("op_timeout", &self.op_timeout)
+            .field("healthy", &self.is_healthy())
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_image_name(op: &'static str, pool: &str, name: &str) -> Result<(), Error> {
+    let target = format!("{pool}/{name}");
+    if pool.is_empty() {
+        return Err(Error::invalid(op, target, "pool name is empty"));
+    }
+    if name.is_empty() {
+        return Err(Error::invalid(op, target, "image name is empty"));
+    }
+    if let Some(c) = name.chars().find(|c| matches!(c, '/' | '@' | '\0')) {
+        return Err(Error::invalid(
+            op,
+            target,
+            format!("image name may not contain {c:?}"),
+        ));
+    }
+    Ok(())
+}
+
+impl Cluster {
+    /// Connects, bounded by the configured connect timeout. Prefer [`ConnectionPool::get`](crate::ConnectionPool::get).
+    pub async fn connect(cfg: &ClusterConfig) -> Result<Cluster, Error> {
+        let span = tracing::debug_span!("ceph.connect", monitors = %cfg.monitors, user = %cfg.user);
+        let cfg2 = cfg.clone();
+        let deadline = cfg.connect_timeout + Duration::from_secs(2);
+        let target = format!("client.{}@{}", cfg.user, cfg.monitors);
+        let joined = tokio::time::timeout(
+            deadline,
+            tokio::task::spawn_blocking(move || Rados::connect(&cfg2)),
+        )
+        .instrument(span)
+        .await;
+        let rados = match joined {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    op: "connect",
+                    target,
+                    after: deadline,
+                });
+            }
+            Ok(Err(join)) => {
+                return Err(Error::invalid(
+                    "connect",
+                    target,
+                    format!("connect task failed: {join}"),
+                ));
+            }
+            Ok(Ok(Err(Error::Timeout { op, target, .. }))) => {
+                // msgr2 reports a refused key as a timeout: find out which it was
+                if crate::probe::any_monitor_answers(&cfg.monitors, Duration::from_secs(2)).await {
+                    return Err(Error::PermissionDenied { op, target });
+                }
+                return Err(Error::Timeout {
+                    op,
+                    target,
+                    after: cfg.connect_timeout,
+                });
+            }
+            Ok(Ok(r)) => r?,
+        };
+        Ok(Cluster {
+            rados: Arc::new(rados),
+            op_timeout: cfg.op_timeout,
+            monitors: cfg.monitors.clone(),
+            healthy: AtomicBool::new(true),
+        })
+    }
+
+    /// False once an operation failed in a way that suggests the connection is broken; the pool
+    /// then reconnects on the next `get`.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// The configured per-operation bound.
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// Runs `f` on the blocking pool with a span and the op timeout.
+    async fn run<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        target: String,
+        f: impl FnOnce(&Rados) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
+        let rados = Arc::clone(&self.rados);
+        let span = tracing::debug_span!("ceph.op", op, target = %target);
+        let started = std::time::Instant::now();
+        // librados' own op timeouts end a stuck call; ours is a backstop a little later.
+        let deadline = self.op_timeout + Duration::from_secs(2);
+        let result =
+            match tokio::time::timeout(deadline, tokio::task::spawn_blocking(move || f(&rados)))
+                .instrument(span.clone())
+                .await
+            {
+                Err(_) => Err(Error::Timeout {
+                    op,
+                    target,
+                    after: deadline,
+                }),
+                Ok(Err(join)) => Err(Error::invalid(
+                    op,
+                    target,
+                    format!("operation task failed: {join}"),
+                )),
+                Ok(Ok(Err(Error::Timeout { op, target, .. }))) => Err(Error::Timeout {
+                    op,
+                    target,
+                    after: self.op_timeout,
+                }),
+                Ok(Ok(r)) => r,
+            };
+        if let Err(e) = &result
+            && e.is_connection_failure()
+        {
+            self.healthy.store(false, Ordering::Relaxed);
+        }
+        span.in_scope(|| {
+            tracing::debug!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                ok = result.is_ok(),
+                "done"
+            )
+        });
+        result
+    }
+
+    /// Runs `f` with an I/O context on `pool`.
+    async fn with_pool<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        pool: &str,
+        target: String,
+        f: impl FnOnce(&IoCtx<'_>) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
+        let pool = pool.to_string();
+        self.run(op, target, move |rados| f(&rados.ioctx(&pool)?))
+            .await
+    }
+
+    /// Runs `f` on the open image `pool/name`.
+    async fn with_image<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        pool: &str,
+        name: &str,
+        read_only: bool,
+        f: impl FnOnce(&crate::raw::Image<'_>) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
+        check_image_name(op, pool, name)?;
+        let name = name.to_string();
+        self.with_pool(op, pool, format!("{pool}/{name}"), move |io| {
+            f(&io.open(&name, read_only)?)
+        })
+        .await
+    }
+
+    /// Creates an image of `size` bytes.
+    pub async fn create_image(
+        &self,
+        pool: &str,
+        name: &str,
+        size: u64,
+        opts: &CreateOptions,
+    ) -> Result<(), Error> {
+        check_image_name("create image", pool, name)?;
+        if let Some(f) = opts.features {
+            f.validate()?;
+        }
+        let (name, opts) = (name.to_string(), opts.clone());
+        self.with_pool("create image", pool, format!("{pool}/{name}"), move |io| {
+            io.create_image(&name, size, &opts)
+        })
+        .await
+    }
+
+    /// Size, features, id and object prefix of an image.
+    pub async fn image_info(&self, pool: &str, name: &str) -> Result<ImageInfo, Error> {
+        self.with_image("stat image", pool, name, true, |img| img.info())
+            .await
+    }
+
+    /// Whether the image exists.
+    pub async fn image_exists(&self, pool: &str, name: &str) -> Result<bool, Error> {
+        match self
+            .with_image("open image", pool, name, true, |_| Ok(()))
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Names of all images in the pool.
+    pub async fn list_images(&self, pool: &str) -> Result<Vec<String>, Error> {
+        self.with_pool("list images", pool, pool.to_string(), |io| io.list_images())
+            .await
+    }
+
+    /// Removes an image. Refuses with [`Error::InUse`] (naming the watchers) while the image is
+    /// mapped or open elsewhere, and with [`Error::NotFound`] when it does not exist.
+    pub async fn remove_image(&self, pool: &str, name: &str) -> Result<(), Error> {
+        check_image_name("remove image", pool, name)?;
+        let name = name.to_string();
+        let target = format!("{pool}/{name}");
+        self.with_pool("remove image", pool, target.clone(), move |io| {
+            // librbd answers EBUSY when watched; ask first so the error can name the watchers.
+            let watchers = match io.open(&name, true) {
+                Ok(img) => img.watchers()?,
+                Err(e) if e.is_not_found() => {
+                    return Err(Error::NotFound {
+                        op: "remove image",
+                        target,
+                    });
+                }
+                Err(e) => return Err(e),
+            };
+            if !watchers.is_empty() {
+                return Err(Error::InUse {
+                    op: "remove image",
+                    target,
+                    watchers: watchers.into_iter().map(|w| w.address).collect(),
+                });
+            }
+            io.remove_image(&name)
+        })
+        .await
+    }
+
+    /// Resizes an image. Shrinking is refused unless `allow_shrink`.
+    pub async fn resize_image(
+        &self,
+        pool: &str,
+        name: &str,
+        new_size: u64,
+        allow_shrink: bool,
+    ) -> Result<(), Error> {
+        self.with_image("resize image", pool, name, false, move |img| {
+            let current = img.info()?.size;
+            if new_size < current && !allow_shrink {
+                return Err(Error::InvalidArgument {
+                    op: "resize image",
+                    target: String::new(),
+                    reason: format!("shrinking from {current} to {new_size} bytes was not allowed"),
+                });
+            }
+            img.resize(new_size, allow_shrink)
+        })
+        .await
+        .map_err(|e| match e {
+            Error::InvalidArgument { op, target, reason } if target.is_empty() => {
+                Error::InvalidArgument {
+                    op,
+                    target: format!("{pool}/{name}"),
+                    reason,
+                }
+            }
+            e => e,
+        })
+    }
+
+    /// Clients watching the image (mapped devices, open handles).
+    pub async fn watchers(&self, pool: &str, name: &str) -> Result<Vec<crate::Watcher>, Error> {
+        self.with_image("list watchers", pool, name, true, |img| img.watchers())
+            .await
+    }
+
+    /// One metadata value, `None` when the key is not set.
+    pub async fn metadata_get(
+        &self,
+        pool: &str,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<String>, Error> {
+        let key = key.to_string();
+        self.with_image("get image metadata", pool, name, true, move |img| {
+            img.metadata_get(&key)
+        })
+        .await
+    }
+
+    /// Sets one metadata value.
+    pub async fn metadata_set(
+        &self,
+        pool: &str,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), Error> {
+        let (key, value) = (key.to_string(), value.to_string());
+        self.with_image("set image metadata", pool, name, false, move |img| {
+            img.metadata_set(&key, &value)
+        })
+        .await
+    }
+
+    /// All metadata of an image.
+    pub async fn metadata_list(
+        &self,
+        pool: &str,
+        name: &str,
+    ) -> Result<BTreeMap<String, String>, Error> {
+        self.with_image("list image metadata", pool, name, true, |img| {
+            img.metadata_list()
+        })
+        .await
+    }
+
+    pub async fn snap_create(&self, pool: &str, image: &str, snap: &str) -> Result<(), Error> {
+        let snap = snap.to_string();
+        self.with_image("create snapshot", pool, image, false, move |img| {
+            img.snap_create(&snap)
+        })
+        .await
+    }
+
+    pub async fn snap_remove(&self, pool: &str, image: &str, snap: &str) -> Result<(), Error> {
+        let snap = snap.to_string();
+        self.with_image("remove snapshot", pool, image, false, move |img| {
+            img.snap_remove(&snap)
+        })
+        .await
+    }
+
+    pub async fn snap_protect(&self, pool: &str, image: &str, snap: &str) -> Result<(), Error> {
+        let snap = snap.to_string();
+        self.with_image("protect snapshot", pool, image, false, move |img| {
+            img.snap_protect(&snap)
+        })
+        .await
+    }
+
+    pub async fn snap_unprotect(&self, pool: &str, image: &str, snap: &str) -> Result<(), Error> {
+        let snap = snap.to_string();
+        self.with_image("unprotect snapshot", pool, image, false, move |img| {
+            img.snap_unprotect(&snap)
+        })
+        .await
+    }
+
+    pub async fn snap_list(&self, pool: &str, image: &str) -> Result<Vec<crate::SnapInfo>, Error> {
+        self.with_image("list snapshots", pool, image, true, |img| img.snap_list())
+            .await
+    }
+
+    /// Clones `pool/parent@snap` to `dest_pool/dest_name` (clone v2: no protection needed).
+    pub async fn clone_image(
+        &self,
+        pool: &str,
+        parent: &str,
+        snap: &str,
+        dest_pool: &str,
+        dest_name: &str,
+        opts: &CreateOptions,
+    ) -> Result<(), Error> {
+        check_image_name("clone image", pool, parent)?;
+        check_image_name("clone image", dest_pool, dest_name)?;
+        let (pool_s, parent, snap, dest_pool, dest_name, opts) = (
+            pool.to_string(),
+            parent.to_string(),
+            snap.to_string(),
+            dest_pool.to_string(),
+            dest_name.to_string(),
+            opts.clone(),
+        );
+        let target = format!("{pool_s}/{parent}@{snap}");
+        self.run("clone image", target, move |rados| {
+            let src = rados.ioctx(&pool_s)?;
+            let dst = rados.ioctx(&dest_pool)?;
+            src.clone_image(&parent, &snap, &dst, &dest_name, &opts)
+        })
+        .await
+    }
+
+    /// Copies the parent's data into a clone so it no longer depends on it.
+    pub async fn flatten(&self, pool: &str, name: &str) -> Result<(), Error> {
+        self.with_image("flatten image", pool, name, false, |img| img.flatten())
+            .await
+    }
+
+    /// Moves an image to the pool's trash; it may not be removed for `delay`.
+    pub async fn trash_move(&self, pool: &str, name: &str, delay: Duration) -> Result<(), Error> {
+        check_image_name("move image to trash", pool, name)?;
+        let name = name.to_string();
+        self.with_pool(
+            "move image to trash",
+            pool,
+            format!("{pool}/{name}"),
+            move |io| io.trash_move(&name, delay.as_secs()),
+        )
+        .await
+    }
+
+    pub async fn trash_list(&self, pool: &str) -> Result<Vec<crate::TrashEntry>, Error> {
+        self.with_pool("list trash", pool, pool.to_string(), |io| io.trash_list())
+            .await
+    }
+
+    pub async fn trash_restore(&self, pool: &str, id: &str, new_name: &str) -> Result<(), Error> {
+        check_image_name("restore image from trash", pool, new_name)?;
+        let (id, new_name) = (id.to_string(), new_name.to_string());
+        self.with_pool(
+            "restore image from trash",
+            pool,
+            format!("{pool}/{new_name}"),
+            move |io| io.trash_restore(&id, &new_name),
+        )
+        .await
+    }
+
+    pub async fn trash_remove(&self, pool: &str, id: &str, force: bool) -> Result<(), Error> {
+        let id = id.to_string();
+        self.with_pool(
+            "remove image from trash",
+            pool,
+            pool.to_string(),
+            move |io| io.trash_remove(&id, force),
+        )
+        .await
+    }
+
+    /// Bytes and objects stored in a pool.
+    pub async fn pool_stats(&self, pool: &str) -> Result<crate::PoolStats, Error> {
+        self.with_pool("pool stats", pool, pool.to_string(), |io| io.pool_stats())
+            .await
+    }
+
+    /// Raw capacity of the cluster.
+    pub async fn cluster_stats(&self) -> Result<crate::ClusterStats, Error> {
+        self.run("cluster stats", self.monitors.clone(), |rados| {
+            rados.cluster_stats()
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_names_are_checked_before_any_call() {
+        assert!(check_image_name("x", "rbd", "ok-name_1.2").is_ok());
+        let e = check_image_name("create image", "rbd", "a/b").unwrap_err();
+        assert!(e.to_string().contains("may not contain '/'"), "{e}");
+        assert!(check_image_name("x", "rbd", "a@b").is_err());
+        assert!(check_image_name("x", "rbd", "").is_err());
+        assert!(check_image_name("x", "", "img").is_err());
+    }
+}

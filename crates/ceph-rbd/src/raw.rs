@@ -1,0 +1,752 @@
+//! The only module with `unsafe` code: blocking, safe wrappers over librados/librbd handles.
+//!
+//! Every handle is owned by a Rust value whose `Drop` releases it (`rados_shutdown`,
+//! `rados_ioctx_destroy`, `rbd_close`), and borrows tie an image to its I/O context and an I/O
+//! context to its cluster handle, so nothing outlives what it depends on. Strings cross the
+//! boundary as `CString`s built here; buffers that librbd fills are grown on `-ERANGE`.
+//! librados cluster handles are thread-safe (librados' documented contract), so `Rados` is
+//! `Send + Sync`; I/O contexts and images are created per operation and stay on one thread.
+//! Calls here block: the async layer (`cluster.rs`) runs them on the blocking pool.
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::marker::PhantomData;
+use std::ptr;
+
+use crate::{
+    ClusterConfig, ClusterStats, CreateOptions, Error, Features, ImageInfo, PoolStats, SnapInfo,
+    TrashEntry, Watcher,
+};
+
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    unsafe_op_in_unsafe_fn
+)]
+#[allow(clippy::all, clippy::pedantic)]
+mod ffi {
+    include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+}
+
+fn cstring(value: &str, op: &'static str, target: &str) -> Result<CString, Error> {
+    CString::new(value).map_err(|_| Error::invalid(op, target, "name contains a NUL byte"))
+}
+
+fn check(rc: c_int, op: &'static str, target: &str) -> Result<c_int, Error> {
+    if rc < 0 {
+        Err(Error::from_errno(rc, op, target))
+    } else {
+        Ok(rc)
+    }
+}
+
+/// Copies a C string owned by librbd; `None` for a null pointer.
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string valid for the duration of the call.
+unsafe fn owned(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Calls `fill(buf, &mut len)` with a buffer grown until librbd stops answering `-ERANGE`.
+fn with_buffer<T>(
+    op: &'static str,
+    target: &str,
+    initial: usize,
+    mut fill: impl FnMut(*mut c_char, &mut usize) -> c_int,
+    decode: impl FnOnce(&[u8]) -> T,
+) -> Result<T, Error> {
+    let mut len = initial;
+    for _ in 0..8 {
+        let mut buf = vec![0u8; len.max(1)];
+        let mut wanted = buf.len();
+        let rc = fill(buf.as_mut_ptr().cast(), &mut wanted);
+        if rc == -libc::ERANGE {
+            len = wanted.max(len * 2);
+            continue;
+        }
+        check(rc, op, target)?;
+        buf.truncate(wanted.min(buf.len()));
+        return Ok(decode(&buf));
+    }
+    Err(Error::from_errno(-libc::ERANGE, op, target))
+}
+
+/// Text up to the first NUL.
+fn c_text(buf: &[u8]) -> String {
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// A connected cluster handle (`rados_t`).
+pub(crate) struct Rados {
+    handle: ffi::rados_t,
+    target: String,
+}
+
+// SAFETY: a connected rados_t may be used from any thread concurrently (librados is thread-safe);
+// it is only shut down in Drop, when no borrow remains.
+unsafe impl Send for Rados {}
+// SAFETY: as above.
+unsafe impl Sync for Rados {}
+
+impl Rados {
+    /// Connects with the monitors, user and key of `cfg`, reading no ceph.conf or keyring.
+    pub(crate) fn connect(cfg: &ClusterConfig) -> Result<Rados, Error> {
+        let target = format!("client.{}@{}", cfg.user, cfg.monitors);
+        let op = "connect";
+        let user = cstring(&cfg.user, op, &target)?;
+        let mut handle: ffi::rados_t = ptr::null_mut();
+        // SAFETY: `handle` is a valid out-pointer; `user` outlives the call.
+        check(
+            unsafe { ffi::rados_create(&mut handle, user.as_ptr()) },
+            op,
+            &target,
+        )?;
+        // From here on Drop shuts the handle down, also on the error paths below.
+        let rados = Rados { handle, target };
+        let secs = |d: std::time::Duration| d.as_secs().max(1).to_string();
+        let settings = [
+            ("mon_host", cfg.monitors.clone()),
+            ("key", cfg.key.expose().to_string()),
+            ("keyring", String::new()),
+            ("client_mount_timeout", secs(cfg.connect_timeout)),
+            ("rados_mon_op_timeout", secs(cfg.op_timeout)),
+            ("rados_osd_op_timeout", secs(cfg.op_timeout)),
+            // a client in a container has no /var/run/ceph: no admin socket, no log file
+            ("admin_socket", String::new()),
+            ("log_file", String::new()),
+            ("log_to_stderr", "false".into()),
+        ];
+        for (name, value) in settings {
+            let c_name = cstring(name, op, &rados.target)?;
+            let c_value = cstring(&value, op, &rados.target)?;
+            // SAFETY: valid handle and NUL-terminated strings that outlive the call.
+            let rc =
+                unsafe { ffi::rados_conf_set(rados.handle, c_name.as_ptr(), c_value.as_ptr()) };
+            if rc < 0 {
+                // never echo the value: one of them is the key
+                return Err(Error::invalid(
+                    op,
+                    &rados.target,
+                    format!("setting {name} was refused (errno {})", -rc),
+                ));
+            }
+        }
+        // SAFETY: configured handle; blocks until connected or client_mount_timeout.
+        check(
+            unsafe { ffi::rados_connect(rados.handle) },
+            op,
+            &rados.target,
+        )?;
+        Ok(rados)
+    }
+
+    pub(crate) fn ioctx(&self, pool: &str) -> Result<IoCtx<'_>, Error> {
+        let c_pool = cstring(pool, "open pool", pool)?;
+        let mut handle: ffi::rados_ioctx_t = ptr::null_mut();
+        // SAFETY: connected handle, valid out-pointer and string.
+        check(
+            unsafe { ffi::rados_ioctx_create(self.handle, c_pool.as_ptr(), &mut handle) },
+            "open pool",
+            pool,
+        )?;
+        Ok(IoCtx {
+            handle,
+            pool: pool.to_string(),
+            _rados: PhantomData,
+        })
+    }
+
+    pub(crate) fn cluster_stats(&self) -> Result<ClusterStats, Error> {
+        let mut st = ffi::rados_cluster_stat_t {
+            kb: 0,
+            kb_used: 0,
+            kb_avail: 0,
+            num_objects: 0,
+        };
+        // SAFETY: connected handle and a valid out-struct.
+        check(
+            unsafe { ffi::rados_cluster_stat(self.handle, &mut st) },
+            "cluster stats",
+            &self.target,
+        )?;
+        Ok(ClusterStats {
+            total_bytes: st.kb * 1024,
+            used_bytes: st.kb_used * 1024,
+            avail_bytes: st.kb_avail * 1024,
+        })
+    }
+}
+
+impl Drop for Rados {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from rados_create and is shut down exactly once.
+        unsafe { ffi::rados_shutdown(self.handle) };
+    }
+}
+
+/// An I/O context on one pool (`rados_ioctx_t`).
+pub(crate) struct IoCtx<'a> {
+    handle: ffi::rados_ioctx_t,
+    pool: String,
+    _rados: PhantomData<&'a Rados>,
+}
+
+impl Drop for IoCtx<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by rados_ioctx_create; destroyed once, before its cluster handle.
+        unsafe { ffi::rados_ioctx_destroy(self.handle) };
+    }
+}
+
+/// librbd calls the progress callback unconditionally: a null one would crash.
+extern "C" fn no_progress(_offset: u64, _total: u64, _arg: *mut c_void) -> c_int {
+    0
+}
+
+/// `rbd_image_options_t`, destroyed on drop.
+struct ImageOptions(ffi::rbd_image_options_t);
+
+impl ImageOptions {
+    fn new(opts: &CreateOptions, op: &'static str, target: &str) -> Result<ImageOptions, Error> {
+        let mut handle: ffi::rbd_image_options_t = ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        unsafe { ffi::rbd_image_options_create(&mut handle) };
+        let o = ImageOptions(handle);
+        o.set_u64(
+            ffi::RBD_IMAGE_OPTION_FORMAT,
+            u64::from(opts.format.unwrap_or(2)),
+            op,
+            target,
+        )?;
+        if let Some(features) = opts.features {
+            features.validate()?;
+            o.set_u64(ffi::RBD_IMAGE_OPTION_FEATURES, features.bits(), op, target)?;
+        }
+        if let Some(size) = opts.object_size {
+            if !size.is_power_of_two() || !(4096..=(32 << 20)).contains(&size) {
+                return Err(Error::invalid(
+                    op,
+                    target,
+                    format!("object size {size} must be a power of two between 4 KiB and 32 MiB"),
+                ));
+            }
+            o.set_u64(
+                ffi::RBD_IMAGE_OPTION_ORDER,
+                u64::from(size.trailing_zeros()),
+                op,
+                target,
+            )?;
+        }
+        if let Some(unit) = opts.stripe_unit {
+            o.set_u64(ffi::RBD_IMAGE_OPTION_STRIPE_UNIT, unit, op, target)?;
+        }
+        if let Some(count) = opts.stripe_count {
+            o.set_u64(ffi::RBD_IMAGE_OPTION_STRIPE_COUNT, count, op, target)?;
+        }
+        if let Some(pool) = &opts.data_pool {
+            let c_pool = cstring(pool, op, target)?;
+            // SAFETY: valid options handle and string.
+            let rc = unsafe {
+                ffi::rbd_image_options_set_string(
+                    o.0,
+                    ffi::RBD_IMAGE_OPTION_DATA_POOL as c_int,
+                    c_pool.as_ptr(),
+                )
+            };
+            check(rc, op, target)?;
+        }
+        Ok(o)
+    }
+
+    fn set_u64(&self, name: u32, value: u64, op: &'static str, target: &str) -> Result<(), Error> {
+        // SAFETY: valid options handle.
+        check(
+            unsafe { ffi::rbd_image_options_set_uint64(self.0, name as c_int, value) },
+            op,
+            target,
+        )
+        .map(drop)
+    }
+}
+
+impl Drop for ImageOptions {
+    fn drop(&mut self) {
+        // SAFETY: created by rbd_image_options_create, destroyed once.
+        unsafe { ffi::rbd_image_options_destroy(self.0) };
+    }
+}
+
+impl IoCtx<'_> {
+    fn spec(&self, image: &str) -> String {
+        format!("{}/{}", self.pool, image)
+    }
+
+    pub(crate) fn create_image(
+        &self,
+        name: &str,
+        size: u64,
+        opts: &CreateOptions,
+    ) -> Result<(), Error> {
+        let op = "create image";
+        let target = self.spec(name);
+        let c_name = cstring(name, op, &target)?;
+        let options = ImageOptions::new(opts, op, &target)?;
+        // SAFETY: valid ioctx, name and options.
+        check(
+            unsafe { ffi::rbd_create4(self.handle, c_name.as_ptr(), size, options.0) },
+            op,
+            &target,
+        )
+        .map(drop)
+    }
+
+    pub(crate) fn clone_image(
+        &self,
+        parent: &str,
+        snap: &str,
+        dest: &IoCtx<'_>,
+        dest_name: &str,
+        opts: &CreateOptions,
+    ) -> Result<(), Error> {
+        let op = "clone image";
+        let target = format!("{}@{snap} -> {}", self.spec(parent), dest.spec(dest_name));
+        let (p, s, d) = (
+            cstring(parent, op, &target)?,
+            cstring(snap, op, &target)?,
+            cstring(dest_name, op, &target)?,
+        );
+        let options = ImageOptions::new(opts, op, &target)?;
+        // SAFETY: valid ioctxs, strings and options.
+        let rc = unsafe {
+            ffi::rbd_clone3(
+                self.handle,
+                p.as_ptr(),
+                s.as_ptr(),
+                dest.handle,
+                d.as_ptr(),
+                options.0,
+            )
+        };
+        check(rc, op, &target).map(drop)
+    }
+
+    pub(crate) fn open(&self, name: &str, read_only: bool) -> Result<Image<'_>, Error> {
+        let op = "open image";
+        let target = self.spec(name);
+        let c_name = cstring(name, op, &target)?;
+        let mut handle: ffi::rbd_image_t = ptr::null_mut();
+        // SAFETY: valid ioctx, name and out-pointer; no snapshot.
+        let rc = unsafe {
+            if read_only {
+                ffi::rbd_open_read_only(self.handle, c_name.as_ptr(), &mut handle, ptr::null())
+            } else {
+                ffi::rbd_open(self.handle, c_name.as_ptr(), &mut handle, ptr::null())
+            }
+        };
+        check(rc, op, &target)?;
+        Ok(Image {
+            handle,
+            target,
+            _io: PhantomData,
+        })
+    }
+
+    pub(crate) fn remove_image(&self, name: &str) -> Result<(), Error> {
+        let op = "remove image";
+        let target = self.spec(name);
+        let c_name = cstring(name, op, &target)?;
+        // SAFETY: valid ioctx and name. A progress callback is required by the C wrapper.
+        let rc = unsafe {
+            ffi::rbd_remove_with_progress(
+                self.handle,
+                c_name.as_ptr(),
+                Some(no_progress),
+                ptr::null_mut(),
+            )
+        };
+        check(rc, op, &target).map(drop)
+    }
+
+    pub(crate) fn list_images(&self) -> Result<Vec<String>, Error> {
+        let op = "list images";
+        let mut max: usize = 64;
+        for _ in 0..8 {
+            let mut specs: Vec<ffi::rbd_image_spec_t> = Vec::with_capacity(max);
+            let mut n = max;
+            // SAFETY: `specs` has room for `n` entries; librbd fills at most `n` and sets `n`.
+            let rc = unsafe { ffi::rbd_list2(self.handle, specs.as_mut_ptr(), &mut n) };
+            if rc == -libc::ERANGE {
+                max = n.max(max * 2);
+                continue;
+            }
+            check(rc, op, &self.pool)?;
+            // SAFETY: librbd initialised the first `n` entries.
+            unsafe { specs.set_len(n) };
+            // SAFETY: names are valid C strings until the cleanup call below.
+            let names = specs.iter().map(|s| unsafe { owned(s.name) }).collect();
+            // SAFETY: releases the strings librbd allocated for exactly these entries.
+            unsafe { ffi::rbd_image_spec_list_cleanup(specs.as_mut_ptr(), n) };
+            return Ok(names);
+        }
+        Err(Error::from_errno(-libc::ERANGE, op, &self.pool))
+    }
+
+    pub(crate) fn trash_move(&self, name: &str, delay_secs: u64) -> Result<(), Error> {
+        let op = "move image to trash";
+        let target = self.spec(name);
+        let c_name = cstring(name, op, &target)?;
+        // SAFETY: valid ioctx and name.
+        check(
+            unsafe { ffi::rbd_trash_move(self.handle, c_name.as_ptr(), delay_secs) },
+            op,
+            &target,
+        )
+        .map(drop)
+    }
+
+    pub(crate) fn trash_list(&self) -> Result<Vec<TrashEntry>, Error> {
+        let op = "list trash";
+        let mut max: usize = 32;
+        for _ in 0..8 {
+            let mut entries: Vec<ffi::rbd_trash_image_info_t> = Vec::with_capacity(max);
+            let mut n = max;
+            // SAFETY: room for `n` entries.
+            let rc = unsafe { ffi::rbd_trash_list(self.handle, entries.as_mut_ptr(), &mut n) };
+            if rc == -libc::ERANGE {
+                max = n.max(max * 2);
+                continue;
+            }
+            check(rc, op, &self.pool)?;
+            // SAFETY: librbd initialised the first `n` entries.
+            unsafe { entries.set_len(n) };
+            let list = entries
+                .iter()
+                // SAFETY: valid C strings until the cleanup call.
+                .map(|e| TrashEntry {
+                    id: unsafe { owned(e.id) },
+                    name: unsafe { owned(e.name) },
+                    deferment_end: e.deferment_end_time,
+                })
+                .collect();
+            // SAFETY: releases exactly these entries.
+            unsafe { ffi::rbd_trash_list_cleanup(entries.as_mut_ptr(), n) };
+            return Ok(list);
+        }
+        Err(Error::from_errno(-libc::ERANGE, op, &self.pool))
+    }
+
+    pub(crate) fn trash_restore(&self, id: &str, new_name: &str) -> Result<(), Error> {
+        let op = "restore image from trash";
+        let target = format!("{} (trash id {id})", self.spec(new_name));
+        let (c_id, c_name) = (cstring(id, op, &target)?, cstring(new_name, op, &target)?);
+        // SAFETY: valid ioctx and strings.
+        check(
+            unsafe { ffi::rbd_trash_restore(self.handle, c_id.as_ptr(), c_name.as_ptr()) },
+            op,
+            &target,
+        )
+        .map(drop)
+    }
+
+    pub(crate) fn trash_remove(&self, id: &str, force: bool) -> Result<(), Error> {
+        let op = "remove image from trash";
+        let target = format!("{}/<trash id {id}>", self.pool);
+        let c_id = cstring(id, op, &target)?;
+        // SAFETY: valid ioctx and string; progress callback required by the C wrapper.
+        let rc = unsafe {
+            ffi::rbd_trash_remove_with_progress(
+                self.handle,
+                c_id.as_ptr(),
+                force,
+                Some(no_progress),
+                ptr::null_mut(),
+            )
+        };
+        check(rc, op, &target).map(drop)
+    }
+
+    pub(crate) fn pool_stats(&self) -> Result<PoolStats, Error> {
+        // SAFETY: all-zero is a valid value of this plain C struct of integers.
+        let mut st: ffi::rados_pool_stat_t = unsafe { std::mem::zeroed() };
+        // SAFETY: valid ioctx and out-struct.
+        check(
+            unsafe { ffi::rados_ioctx_pool_stat(self.handle, &mut st) },
+            "pool stats",
+            &self.pool,
+        )?;
+        Ok(PoolStats {
+            used_bytes: st.num_bytes,
+            objects: st.num_objects,
+        })
+    }
+}
+
+/// An open image (`rbd_image_t`).
+pub(crate) struct Image<'a> {
+    handle: ffi::rbd_image_t,
+    target: String,
+    _io: PhantomData<&'a IoCtx<'a>>,
+}
+
+impl Drop for Image<'_> {
+    fn drop(&mut self) {
+        // SAFETY: opened by rbd_open*, closed once, before its ioctx.
+        unsafe { ffi::rbd_close(self.handle) };
+    }
+}
+
+impl Image<'_> {
+    pub(crate) fn info(&self) -> Result<ImageInfo, Error> {
+        let op = "stat image";
+        // SAFETY: all-zero is valid for this plain C struct.
+        let mut st: ffi::rbd_image_info_t = unsafe { std::mem::zeroed() };
+        // SAFETY: open image and an out-struct of the size we pass.
+        check(
+            unsafe {
+                ffi::rbd_stat(
+                    self.handle,
+                    &mut st,
+                    std::mem::size_of::<ffi::rbd_image_info_t>(),
+                )
+            },
+            op,
+            &self.target,
+        )?;
+        let mut features = 0u64;
+        // SAFETY: open image, valid out-pointer.
+        check(
+            unsafe { ffi::rbd_get_features(self.handle, &mut features) },
+            op,
+            &self.target,
+        )?;
+        // SAFETY (both closures): open image; librbd writes at most `len` bytes and sets `len`.
+        let id = with_buffer(
+            op,
+            &self.target,
+            32,
+            |b, len| unsafe { ffi::rbd_get_id(self.handle, b, *len) },
+            c_text,
+        )?;
+        let prefix = with_buffer(
+            op,
+            &self.target,
+            64,
+            |b, len| unsafe { ffi::rbd_get_block_name_prefix(self.handle, b, *len) },
+            c_text,
+        )?;
+        Ok(ImageInfo {
+            size: st.size,
+            object_size: st.obj_size,
+            features: Features::from_bits(features),
+            id,
+            block_name_prefix: prefix,
+        })
+    }
+
+    pub(crate) fn watchers(&self) -> Result<Vec<Watcher>, Error> {
+        let op = "list watchers";
+        let mut max: usize = 8;
+        for _ in 0..8 {
+            let mut list: Vec<ffi::rbd_image_watcher_t> = Vec::with_capacity(max);
+            let mut n = max;
+            // SAFETY: room for `n` entries.
+            let rc = unsafe { ffi::rbd_watchers_list(self.handle, list.as_mut_ptr(), &mut n) };
+            if rc == -libc::ERANGE {
+                max = n.max(max * 2);
+                continue;
+            }
+            check(rc, op, &self.target)?;
+            // SAFETY: librbd initialised `n` entries.
+            unsafe { list.set_len(n) };
+            let watchers = list
+                .iter()
+                // SAFETY: valid C strings until cleanup.
+                .map(|w| Watcher {
+                    address: unsafe { owned(w.addr) },
+                    id: w.id as u64,
+                    cookie: w.cookie,
+                })
+                .collect();
+            // SAFETY: releases exactly these entries.
+            unsafe { ffi::rbd_watchers_list_cleanup(list.as_mut_ptr(), n) };
+            return Ok(watchers);
+        }
+        Err(Error::from_errno(-libc::ERANGE, op, &self.target))
+    }
+
+    pub(crate) fn resize(&self, size: u64, allow_shrink: bool) -> Result<(), Error> {
+        // SAFETY: open image; a progress callback is required by the C wrapper.
+        let rc = unsafe {
+            ffi::rbd_resize2(
+                self.handle,
+                size,
+                allow_shrink,
+                Some(no_progress),
+                ptr::null_mut(),
+            )
+        };
+        check(rc, "resize image", &self.target).map(drop)
+    }
+
+    pub(crate) fn metadata_get(&self, key: &str) -> Result<Option<String>, Error> {
+        let op = "get image metadata";
+        let c_key = cstring(key, op, &self.target)?;
+        // SAFETY: open image, key string, buffer of `len` bytes.
+        let got = with_buffer(
+            op,
+            &self.target,
+            256,
+            |b, len| unsafe { ffi::rbd_metadata_get(self.handle, c_key.as_ptr(), b, len) },
+            c_text,
+        );
+        match got {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) fn metadata_set(&self, key: &str, value: &str) -> Result<(), Error> {
+        let op = "set image metadata";
+        let (k, v) = (
+            cstring(key, op, &self.target)?,
+            cstring(value, op, &self.target)?,
+        );
+        // SAFETY: open image and strings.
+        check(
+            unsafe { ffi::rbd_metadata_set(self.handle, k.as_ptr(), v.as_ptr()) },
+            op,
+            &self.target,
+        )
+        .map(drop)
+    }
+
+    pub(crate) fn metadata_list(&self) -> Result<BTreeMap<String, String>, Error> {
+        let op = "list image metadata";
+        let mut keys_len: usize = 1024;
+        let mut vals_len: usize = 4096;
+        for _ in 0..8 {
+            let mut keys = vec![0u8; keys_len];
+            let mut vals = vec![0u8; vals_len];
+            let (mut kl, mut vl) = (keys_len, vals_len);
+            // SAFETY: open image; both buffers have the lengths we pass; start "" and max 0 = all.
+            let rc = unsafe {
+                ffi::rbd_metadata_list(
+                    self.handle,
+                    c"".as_ptr(),
+                    0,
+                    keys.as_mut_ptr().cast(),
+                    &mut kl,
+                    vals.as_mut_ptr().cast(),
+                    &mut vl,
+                )
+            };
+            if rc == -libc::ERANGE {
+                keys_len = kl.max(keys_len * 2);
+                vals_len = vl.max(vals_len * 2);
+                continue;
+            }
+            check(rc, op, &self.target)?;
+            let split = |buf: &[u8], len: usize| -> Vec<String> {
+                buf[..len.min(buf.len())]
+                    .split(|b| *b == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect()
+            };
+            let (k, v) = (split(&keys, kl), split(&vals, vl));
+            return Ok(k.into_iter().zip(v).collect());
+        }
+        Err(Error::from_errno(-libc::ERANGE, op, &self.target))
+    }
+
+    fn snap_call(
+        &self,
+        op: &'static str,
+        snap: &str,
+        f: unsafe extern "C" fn(ffi::rbd_image_t, *const c_char) -> c_int,
+    ) -> Result<(), Error> {
+        let target = format!("{}@{snap}", self.target);
+        let c_snap = cstring(snap, op, &target)?;
+        // SAFETY: `f` is one of librbd's (image, snapshot name) calls; open image and string.
+        check(unsafe { f(self.handle, c_snap.as_ptr()) }, op, &target).map(drop)
+    }
+
+    pub(crate) fn snap_create(&self, snap: &str) -> Result<(), Error> {
+        self.snap_call("create snapshot", snap, ffi::rbd_snap_create)
+    }
+
+    pub(crate) fn snap_remove(&self, snap: &str) -> Result<(), Error> {
+        self.snap_call("remove snapshot", snap, ffi::rbd_snap_remove)
+    }
+
+    pub(crate) fn snap_protect(&self, snap: &str) -> Result<(), Error> {
+        self.snap_call("protect snapshot", snap, ffi::rbd_snap_protect)
+    }
+
+    pub(crate) fn snap_unprotect(&self, snap: &str) -> Result<(), Error> {
+        self.snap_call("unprotect snapshot", snap, ffi::rbd_snap_unprotect)
+    }
+
+    pub(crate) fn snap_list(&self) -> Result<Vec<SnapInfo>, Error> {
+        let op = "list snapshots";
+        let mut max: c_int = 16;
+        for _ in 0..8 {
+            // librbd writes `max` entries plus an end marker
+            let mut snaps: Vec<ffi::rbd_snap_info_t> = Vec::with_capacity(max as usize + 1);
+            let mut n = max;
+            // SAFETY: room for `n + 1` entries.
+            let rc = unsafe { ffi::rbd_snap_list(self.handle, snaps.as_mut_ptr(), &mut n) };
+            if rc == -libc::ERANGE {
+                max = n.max(max * 2);
+                continue;
+            }
+            let count = check(rc, op, &self.target)? as usize;
+            // SAFETY: librbd initialised `count` entries (and the end marker).
+            unsafe { snaps.set_len(count) };
+            let mut list = Vec::with_capacity(count);
+            for s in &snaps {
+                let c_name_ptr = s.name;
+                // SAFETY: valid C string until rbd_snap_list_end.
+                let name = unsafe { owned(c_name_ptr) };
+                let mut protected: c_int = 0;
+                let c_name = cstring(&name, op, &self.target)?;
+                // SAFETY: open image, string and out-pointer.
+                let rc = unsafe {
+                    ffi::rbd_snap_is_protected(self.handle, c_name.as_ptr(), &mut protected)
+                };
+                if rc < 0 {
+                    // SAFETY: releases the names librbd allocated.
+                    unsafe { ffi::rbd_snap_list_end(snaps.as_mut_ptr()) };
+                    return Err(Error::from_errno(rc, op, &self.target));
+                }
+                list.push(SnapInfo {
+                    id: s.id,
+                    name,
+                    size: s.size,
+                    protected: protected != 0,
+                });
+            }
+            // SAFETY: releases the names librbd allocated.
+            unsafe { ffi::rbd_snap_list_end(snaps.as_mut_ptr()) };
+            return Ok(list);
+        }
+        Err(Error::from_errno(-libc::ERANGE, op, &self.target))
+    }
+
+    pub(crate) fn flatten(&self) -> Result<(), Error> {
+        // SAFETY: open image; progress callback required by the C wrapper.
+        let rc = unsafe {
+            ffi::rbd_flatten_with_progress(self.handle, Some(no_progress), ptr::null_mut())
+        };
+        check(rc, "flatten image", &self.target).map(drop)
+    }
+}

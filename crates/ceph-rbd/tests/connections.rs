@@ -1,0 +1,209 @@
+//! Connecting: credentials, timeouts, pooling, reconnection, concurrency, secret hygiene.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ceph_rbd::{ClusterConfig, ConnectionPool, CreateOptions, Error, PoolOptions, Secret};
+use common::*;
+
+#[tokio::test]
+async fn a_wrong_key_is_permission_denied_and_never_shown() {
+    let c = micro_ceph::cluster();
+    let key = foreign_key();
+    let cfg = ClusterConfig::new(c.monitors.clone(), "admin", Secret::new(key.clone()))
+        .with_connect_timeout(Duration::from_secs(5));
+    let e = ConnectionPool::default().get(&cfg).await.unwrap_err();
+    assert!(matches!(e, Error::PermissionDenied { .. }), "{e:?}");
+    let text = format!("{e} {e:?}");
+    assert!(!text.contains(&key), "key leaked: {text}");
+    assert!(text.contains("client.admin"), "{text}");
+}
+
+#[tokio::test]
+async fn an_unknown_user_is_refused() {
+    let c = micro_ceph::cluster();
+    let cfg = ClusterConfig::new(c.monitors.clone(), "nobody", Secret::new(foreign_key()))
+        .with_connect_timeout(Duration::from_secs(5));
+    let e = ConnectionPool::default().get(&cfg).await.unwrap_err();
+    assert!(matches!(e, Error::PermissionDenied { .. }), "{e:?}");
+}
+
+#[tokio::test]
+async fn unreachable_monitors_time_out_within_the_bound() {
+    let bound = Duration::from_secs(2);
+    // a port where nothing listens
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = ClusterConfig::new(
+        format!("127.0.0.1:{port}"),
+        "admin",
+        Secret::new(foreign_key()),
+    )
+    .with_connect_timeout(bound);
+    let started = Instant::now();
+    let e = ConnectionPool::default().get(&cfg).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(took < bound + Duration::from_secs(3), "took {took:?}");
+}
+
+/// A `tracing` writer into a shared buffer, to check what the crate logs.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn logs_of_a_failing_connect_do_not_contain_the_key() {
+    let c = micro_ceph::cluster();
+    let key = foreign_key();
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let cfg = ClusterConfig::new(c.monitors.clone(), "admin", Secret::new(key.clone()))
+        .with_connect_timeout(Duration::from_secs(5));
+    tracing::info!(config = ?cfg, "connecting");
+    let e = ConnectionPool::default().get(&cfg).await.unwrap_err();
+    tracing::warn!(error = %e, "connect failed");
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("connect failed"), "nothing captured: {logs}");
+    assert!(logs.contains("<redacted>"), "{logs}");
+    assert!(!logs.contains(&key), "key leaked into logs: {logs}");
+}
+
+#[tokio::test]
+async fn the_pool_shares_one_connection_per_credentials() {
+    let pool = ConnectionPool::new(PoolOptions::default());
+    let a = pool.get(&config()).await.unwrap();
+    let b = pool.get(&config()).await.unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!(pool.len(), 1);
+    // concurrent first use connects once
+    let pool2 = ConnectionPool::default();
+    let cfg = config();
+    let got = futures::future::join_all((0..8).map(|_| pool2.get(&cfg))).await;
+    let first = got[0].as_ref().unwrap();
+    assert!(got.iter().all(|g| Arc::ptr_eq(g.as_ref().unwrap(), first)));
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed() {
+    let pool = ConnectionPool::new(PoolOptions {
+        idle_timeout: Duration::from_millis(100),
+    });
+    let first = pool.get(&config()).await.unwrap();
+    let first_ptr = Arc::as_ptr(&first);
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(150)).await; // let the idle period pass (that is the behaviour)
+    let second = pool.get(&config()).await.unwrap();
+    assert_ne!(
+        Arc::as_ptr(&second),
+        first_ptr,
+        "an idle connection was reused"
+    );
+    assert_eq!(pool.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_creates_and_removes_leak_nothing() {
+    let pool = ConnectionPool::default();
+    let cluster = pool.get(&config()).await.unwrap();
+    let p = pool_name();
+    // warm up: sessions to the mon and the OSD exist before we count
+    let warm = unique("warm");
+    cluster
+        .create_image(&p, &warm, 1 << 20, &CreateOptions::default())
+        .await
+        .unwrap();
+    cluster.remove_image(&p, &warm).await.unwrap();
+    let fds_before = open_fds();
+
+    let names: Vec<String> = (0..64).map(|_| unique("many")).collect();
+    let creates = names.iter().map(|n| {
+        let (c, p) = (cluster.clone(), p.clone());
+        async move {
+            c.create_image(&p, n, 4 << 20, &CreateOptions::default())
+                .await
+        }
+    });
+    for r in futures::future::join_all(creates).await {
+        r.unwrap();
+    }
+    let listed = cluster.list_images(&p).await.unwrap();
+    assert!(names.iter().all(|n| listed.contains(n)));
+    let removes = names.iter().map(|n| {
+        let (c, p) = (cluster.clone(), p.clone());
+        async move { c.remove_image(&p, n).await }
+    });
+    for r in futures::future::join_all(removes).await {
+        r.unwrap();
+    }
+    let listed = cluster.list_images(&p).await.unwrap();
+    assert!(names.iter().all(|n| !listed.contains(n)));
+    let fds_after = open_fds();
+    assert!(
+        fds_after <= fds_before,
+        "fds grew from {fds_before} to {fds_after}"
+    );
+    assert_eq!(pool.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_osd_outage_times_out_and_the_pool_reconnects_after_recovery() {
+    // a cluster of its own: this test freezes the OSD
+    let owned = tokio::task::spawn_blocking(micro_ceph::MicroCeph::start)
+        .await
+        .unwrap()
+        .unwrap();
+    let cfg = ClusterConfig::new(
+        owned.monitors.clone(),
+        "admin",
+        Secret::new(owned.admin_key.clone()),
+    )
+    .with_connect_timeout(Duration::from_secs(3))
+    .with_op_timeout(Duration::from_secs(2));
+    let pool = ConnectionPool::default();
+    let cluster = pool.get(&cfg).await.unwrap();
+    let name = unique("outage");
+    cluster
+        .create_image(&owned.pool, &name, 1 << 20, &CreateOptions::default())
+        .await
+        .unwrap();
+
+    assert!(owned.pause_daemon("osd.0", true));
+    let started = Instant::now();
+    let e = cluster.image_info(&owned.pool, &name).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(owned.pause_daemon("osd.0", false));
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert!(!cluster.is_healthy());
+
+    let again = pool.get(&cfg).await.unwrap();
+    assert!(
+        !Arc::ptr_eq(&again, &cluster),
+        "a broken connection was handed out again"
+    );
+    assert_eq!(
+        again.image_info(&owned.pool, &name).await.unwrap().size,
+        1 << 20
+    );
+}

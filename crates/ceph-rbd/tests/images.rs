@@ -1,0 +1,406 @@
+//! Image operations against a real micro-ceph cluster.
+
+mod common;
+
+use std::time::Duration;
+
+use ceph_rbd::{CreateOptions, Error, Features};
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+#[tokio::test]
+async fn creates_stats_lists_and_removes_an_image() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let name = unique("basic");
+    let features = Features::parse("layering,exclusive-lock,object-map,fast-diff").unwrap();
+    let opts = CreateOptions {
+        features: Some(features),
+        ..Default::default()
+    };
+    cluster
+        .create_image(&pool, &name, 64 * MIB, &opts)
+        .await
+        .unwrap();
+
+    let info = cluster.image_info(&pool, &name).await.unwrap();
+    assert_eq!(info.size, 64 * MIB);
+    assert_eq!(info.features.bits() & features.bits(), features.bits());
+    assert_eq!(info.object_size, 4 * MIB);
+    assert!(!info.id.is_empty());
+    assert_eq!(info.block_name_prefix, format!("rbd_data.{}", info.id));
+    assert!(cluster.image_exists(&pool, &name).await.unwrap());
+    assert!(cluster.list_images(&pool).await.unwrap().contains(&name));
+
+    cluster.remove_image(&pool, &name).await.unwrap();
+    assert!(!cluster.image_exists(&pool, &name).await.unwrap());
+    assert!(!cluster.list_images(&pool).await.unwrap().contains(&name));
+}
+
+#[tokio::test]
+async fn creates_with_object_size_and_striping() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let name = unique("striped");
+    let opts = CreateOptions {
+        object_size: Some(MIB),
+        stripe_unit: Some(64 * 1024),
+        stripe_count: Some(4),
+        features: Some(Features::LAYERING),
+        ..Default::default()
+    };
+    cluster
+        .create_image(&pool, &name, 16 * MIB, &opts)
+        .await
+        .unwrap();
+    let info = cluster.image_info(&pool, &name).await.unwrap();
+    assert_eq!(info.object_size, MIB);
+    assert!(
+        info.features.contains(Features::STRIPINGV2),
+        "{}",
+        info.features
+    );
+    cluster.remove_image(&pool, &name).await.unwrap();
+
+    let bad = CreateOptions {
+        object_size: Some(3000),
+        ..Default::default()
+    };
+    let e = cluster
+        .create_image(&pool, &name, MIB, &bad)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert!(e.to_string().contains("object size 3000"), "{e}");
+}
+
+#[tokio::test]
+async fn refuses_invalid_feature_combinations_before_calling_ceph() {
+    let cluster = connect().await;
+    let opts = CreateOptions {
+        features: Some(Features::LAYERING | Features::OBJECT_MAP),
+        ..Default::default()
+    };
+    let e = cluster
+        .create_image(&pool_name(), &unique("badfeat"), MIB, &opts)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("object-map requires exclusive-lock"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn create_of_an_existing_name_is_already_exists() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let name = unique("dup");
+    cluster
+        .create_image(&pool, &name, MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    let e = cluster
+        .create_image(&pool, &name, MIB, &CreateOptions::default())
+        .await
+        .unwrap_err();
+    assert!(e.is_already_exists(), "{e}");
+    assert!(e.to_string().contains(&format!("{pool}/{name}")), "{e}");
+    cluster.remove_image(&pool, &name).await.unwrap();
+}
+
+#[tokio::test]
+async fn missing_images_and_pools_are_not_found() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let name = unique("ghost");
+    let e = cluster.image_info(&pool, &name).await.unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!("open image {pool}/{name}: not found")
+    );
+    assert!(
+        cluster
+            .remove_image(&pool, &name)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    assert!(
+        cluster
+            .resize_image(&pool, &name, MIB, false)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    let e = cluster.list_images("no-such-pool").await.unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+    assert!(e.to_string().contains("no-such-pool"), "{e}");
+}
+
+#[tokio::test]
+async fn remove_of_a_watched_image_is_refused_naming_the_watcher() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let name = unique("watched");
+    cluster
+        .create_image(&pool, &name, MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    let guard = WatchGuard::start(&pool, &name);
+    let watchers = cluster.watchers(&pool, &name).await.unwrap();
+    assert!(
+        watchers[0].address.starts_with("127.0.0.1:"),
+        "{watchers:?}"
+    );
+
+    match cluster.remove_image(&pool, &name).await.unwrap_err() {
+        Error::InUse {
+            watchers: addrs, ..
+        } => assert_eq!(addrs, vec![watchers[0].address.clone()]),
+        e => panic!("expected InUse, got {e}"),
+    }
+    assert!(cluster.image_exists(&pool, &name).await.unwrap());
+
+    drop(guard);
+    // the client closed the image cleanly, so its watch is gone at once
+    assert!(cluster.watchers(&pool, &name).await.unwrap().is_empty());
+    cluster.remove_image(&pool, &name).await.unwrap();
+}
+
+#[tokio::test]
+async fn resize_grows_and_shrinks_only_when_allowed() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let name = unique("resize");
+    cluster
+        .create_image(&pool, &name, 8 * MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    cluster
+        .resize_image(&pool, &name, 32 * MIB, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster.image_info(&pool, &name).await.unwrap().size,
+        32 * MIB
+    );
+
+    let e = cluster
+        .resize_image(&pool, &name, 16 * MIB, false)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert!(e.to_string().contains(&format!("{pool}/{name}")), "{e}");
+    assert_eq!(
+        cluster.image_info(&pool, &name).await.unwrap().size,
+        32 * MIB
+    );
+
+    cluster
+        .resize_image(&pool, &name, 16 * MIB, true)
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster.image_info(&pool, &name).await.unwrap().size,
+        16 * MIB
+    );
+    cluster.remove_image(&pool, &name).await.unwrap();
+}
+
+#[tokio::test]
+async fn metadata_round_trips() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let name = unique("meta");
+    cluster
+        .create_image(&pool, &name, MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster
+            .metadata_get(&pool, &name, "owner.pv")
+            .await
+            .unwrap(),
+        None
+    );
+    cluster
+        .metadata_set(&pool, &name, "owner.pv", "pvc-123")
+        .await
+        .unwrap();
+    cluster
+        .metadata_set(&pool, &name, "owner.claim", "default/data")
+        .await
+        .unwrap();
+    let long = "x".repeat(5000);
+    cluster
+        .metadata_set(&pool, &name, "long", &long)
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster
+            .metadata_get(&pool, &name, "owner.pv")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("pvc-123")
+    );
+    assert_eq!(
+        cluster
+            .metadata_get(&pool, &name, "long")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(long.as_str())
+    );
+    let all = cluster.metadata_list(&pool, &name).await.unwrap();
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert_eq!(all["owner.claim"], "default/data");
+    assert_eq!(all["long"].len(), 5000);
+    cluster.remove_image(&pool, &name).await.unwrap();
+}
+
+#[tokio::test]
+async fn snapshots_clones_and_flatten() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let parent = unique("parent");
+    let child = unique("child");
+    cluster
+        .create_image(&pool, &parent, 8 * MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    cluster.snap_create(&pool, &parent, "s1").await.unwrap();
+    assert!(
+        cluster
+            .snap_create(&pool, &parent, "s1")
+            .await
+            .unwrap_err()
+            .is_already_exists()
+    );
+    cluster.snap_protect(&pool, &parent, "s1").await.unwrap();
+    let snaps = cluster.snap_list(&pool, &parent).await.unwrap();
+    assert_eq!(snaps.len(), 1);
+    assert_eq!(
+        (snaps[0].name.as_str(), snaps[0].size, snaps[0].protected),
+        ("s1", 8 * MIB, true)
+    );
+
+    cluster
+        .clone_image(
+            &pool,
+            &parent,
+            "s1",
+            &pool,
+            &child,
+            &CreateOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster.image_info(&pool, &child).await.unwrap().size,
+        8 * MIB
+    );
+    // the parent has a clone and a snapshot: it cannot go
+    let e = cluster.remove_image(&pool, &parent).await.unwrap_err();
+    assert!(
+        matches!(e, Error::HasDependents { .. } | Error::Busy { .. }),
+        "{e}"
+    );
+
+    cluster.flatten(&pool, &child).await.unwrap();
+    cluster.snap_unprotect(&pool, &parent, "s1").await.unwrap();
+    cluster.snap_remove(&pool, &parent, "s1").await.unwrap();
+    assert!(cluster.snap_list(&pool, &parent).await.unwrap().is_empty());
+    assert!(
+        cluster
+            .snap_remove(&pool, &parent, "s1")
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    cluster.remove_image(&pool, &child).await.unwrap();
+    cluster.remove_image(&pool, &parent).await.unwrap();
+}
+
+#[tokio::test]
+async fn trash_move_list_restore_and_remove() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let name = unique("trash");
+    cluster
+        .create_image(&pool, &name, MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    cluster
+        .trash_move(&pool, &name, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(!cluster.image_exists(&pool, &name).await.unwrap());
+    let entry = cluster
+        .trash_list(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == name)
+        .unwrap();
+
+    cluster
+        .trash_restore(&pool, &entry.id, &name)
+        .await
+        .unwrap();
+    assert!(cluster.image_exists(&pool, &name).await.unwrap());
+
+    cluster
+        .trash_move(&pool, &name, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let entry = cluster
+        .trash_list(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == name)
+        .unwrap();
+    // deferred: only a forced removal may take it
+    assert!(cluster.trash_remove(&pool, &entry.id, false).await.is_err());
+    cluster.trash_remove(&pool, &entry.id, true).await.unwrap();
+    assert!(
+        !cluster
+            .trash_list(&pool)
+            .await
+            .unwrap()
+            .iter()
+            .any(|e| e.name == name)
+    );
+}
+
+#[tokio::test]
+async fn pool_and_cluster_stats_report_capacity() {
+    let cluster = connect().await;
+    // Usage figures come from the mgr's PG statistics. micro-ceph runs without a mgr, so Ceph
+    // reports zeros here; the calls must still succeed and stay consistent.
+    let stats = cluster.cluster_stats().await.unwrap();
+    assert!(stats.avail_bytes <= stats.total_bytes, "{stats:?}");
+    assert!(stats.used_bytes <= stats.total_bytes, "{stats:?}");
+    cluster.pool_stats(&pool_name()).await.unwrap();
+    assert!(
+        cluster
+            .pool_stats("no-such-pool")
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+}
+
+#[tokio::test]
+async fn bad_image_names_are_invalid_arguments() {
+    let cluster = connect().await;
+    let e = cluster
+        .create_image(&pool_name(), "a/b", MIB, &CreateOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+}
