@@ -229,7 +229,8 @@ fn claim_port() -> Result<(u16, File), Error> {
     let start = (std::process::id() % u32::from(slots)) as u16;
     for i in 0..slots {
         let port = PORT_FIRST + ((start + i) % slots) * 100;
-        let path = std::env::temp_dir().join(format!("micro-ceph-port-{port}.lock"));
+        // in /tmp, not TMPDIR: runs with different TMPDIRs must still see each other's claims
+        let path = PathBuf::from(format!("/tmp/micro-ceph-port-{port}.lock"));
         let Ok(file) = File::create(&path) else {
             continue;
         };

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# test.sh - the project's test command (README, CI): installs what the tests need, checks
+# formatting and lints, builds, and runs every test (unit, emulator conformance, Ceph-backed).
+# The Ceph-backed tests start their own micro-ceph clusters (one per test binary) and stop them
+# even when they fail; this script also removes whatever a crashed run left behind.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+./scripts/install-deps.sh
+
+# Everything the tests create lives under one private TMPDIR, removed at the end.
+export TMPDIR
+TMPDIR=$(mktemp -d /tmp/rbd-provisioner-test.XXXXXX)
+cleanup() {
+  rc=$?
+  for d in "$TMPDIR"/micro-ceph-*; do
+    [ -d "$d/run" ] && "$ROOT/scripts/micro-ceph-stop.sh" "$d" --kill >/dev/null 2>&1
+  done
+  rm -rf "$TMPDIR"
+  exit $rc
+}
+trap cleanup EXIT INT TERM
+
+export CARGO_TERM_COLOR=never RUST_BACKTRACE=1
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --workspace --no-fail-fast 2>&1 | tee "$TMPDIR/test.log"
+status=${PIPESTATUS[0]}
+passed=$(grep -Eo '^test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$TMPDIR/test.log" | awk '{p+=$4; f+=$6} END {print p+0, f+0}')
+set -- $passed
+echo "tests: $1 passed, $2 failed"
+exit "$status"
