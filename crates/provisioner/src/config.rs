@@ -47,7 +47,7 @@ impl Config {
             additional_provisioner_names: Vec::new(),
             workers: 16,
             backoff: Backoff::default(),
-            resync_period: Duration::from_secs(15 * 60),
+            resync_period: Duration::from_mins(15),
             failure_threshold: None,
             volume_save_attempts: 5,
             volume_save_interval: Duration::from_secs(1),
@@ -76,8 +76,8 @@ mod tests {
         assert_eq!(config.workers, 16);
         assert_eq!(config.failure_threshold, None);
         assert_eq!(config.backoff.base_delay, Duration::from_secs(1));
-        assert_eq!(config.backoff.max_delay, Duration::from_secs(300));
-        assert_eq!(config.resync_period, Duration::from_secs(900));
+        assert_eq!(config.backoff.max_delay, Duration::from_mins(5));
+        assert_eq!(config.resync_period, Duration::from_mins(15));
     }
 
     #[test]

@@ -144,7 +144,7 @@ impl LeaderElector {
                 Ok(Attempt::Leading) => break,
                 Ok(Attempt::HeldByOther | Attempt::Conflict) => {}
                 Err(error) => {
-                    tracing::warn!(lease = %self.config.lease_name, %error, "leader election attempt failed")
+                    tracing::warn!(lease = %self.config.lease_name, %error, "leader election attempt failed");
                 }
             }
             tokio::time::sleep(jittered(self.config.retry_period)).await;
@@ -186,10 +186,10 @@ impl LeaderElector {
                 }
                 Ok(Ok(Attempt::Conflict)) => {}
                 Ok(Err(error)) => {
-                    tracing::warn!(lease = %self.config.lease_name, %error, "lease renewal failed")
+                    tracing::warn!(lease = %self.config.lease_name, %error, "lease renewal failed");
                 }
                 Err(_) => {
-                    tracing::warn!(lease = %self.config.lease_name, "lease renewal timed out")
+                    tracing::warn!(lease = %self.config.lease_name, "lease renewal timed out");
                 }
             }
             if last_renewal.elapsed() >= self.config.renew_deadline {

@@ -9,6 +9,11 @@
 //! Pure decisions live in [`ownership`] (is this claim ours?), [`pv`] (finish a PV, should this
 //! PV be deleted?), [`resize`] (does this claim need expansion?) and [`quantity`].
 
+#![warn(clippy::all, clippy::pedantic, missing_docs)]
+// Kubernetes kinds and field values (PersistentVolume, WaitForFirstConsumer) are prose here,
+// not code; backticking every one would make the docs harder to read.
+#![allow(clippy::doc_markdown)]
+
 pub mod config;
 mod controller;
 pub mod events;

@@ -285,7 +285,7 @@ mod tests {
         spec(&mut claim).selector = Some(LabelSelector::default());
         match decide(&claim, &class(None), &names(), false) {
             ClaimDecision::Refuse(message) => {
-                assert!(message.contains("remove spec.selector"), "{message}")
+                assert!(message.contains("remove spec.selector"), "{message}");
             }
             other => panic!("expected refusal, got {other:?}"),
         }

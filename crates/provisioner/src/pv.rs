@@ -71,7 +71,7 @@ pub fn finish_volume(
 
     let spec = volume.spec.get_or_insert_with(Default::default);
     spec.claim_ref = Some(claim_ref(&options.claim));
-    spec.storage_class_name = class.metadata.name.clone();
+    spec.storage_class_name.clone_from(&class.metadata.name);
     spec.persistent_volume_reclaim_policy = Some(
         class
             .reclaim_policy

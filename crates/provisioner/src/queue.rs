@@ -32,7 +32,7 @@ impl Default for Backoff {
     fn default() -> Self {
         Self {
             base_delay: Duration::from_secs(1),
-            max_delay: Duration::from_secs(300),
+            max_delay: Duration::from_mins(5),
         }
     }
 }
@@ -262,8 +262,8 @@ mod tests {
         assert_eq!(backoff.delay(2), Duration::from_secs(2));
         assert_eq!(backoff.delay(4), Duration::from_secs(8));
         assert_eq!(backoff.delay(9), Duration::from_secs(256));
-        assert_eq!(backoff.delay(10), Duration::from_secs(300));
-        assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(300));
+        assert_eq!(backoff.delay(10), Duration::from_mins(5));
+        assert_eq!(backoff.delay(u32::MAX), Duration::from_mins(5));
     }
 
     #[tokio::test]

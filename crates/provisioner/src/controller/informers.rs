@@ -21,7 +21,7 @@ pub(super) async fn watch_claims(shared: Arc<Shared>, writer: Writer<PersistentV
     while let Some(event) = stream.next().await {
         match event {
             Ok(watcher::Event::Apply(claim) | watcher::Event::InitApply(claim)) => {
-                claim_changed(&shared, &claim)
+                claim_changed(&shared, &claim);
             }
             Ok(watcher::Event::Delete(claim)) => claim_deleted(&shared, &claim),
             Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
@@ -39,7 +39,7 @@ pub(super) async fn watch_volumes(shared: Arc<Shared>, writer: Writer<Persistent
     while let Some(event) = stream.next().await {
         match event {
             Ok(watcher::Event::Apply(volume) | watcher::Event::InitApply(volume)) => {
-                volume_changed(&shared, &volume)
+                volume_changed(&shared, &volume);
             }
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "volume watch failed, retrying"),

@@ -271,16 +271,16 @@ impl Controller {
 async fn worker(shared: Arc<Shared>) {
     while let Some(work) = shared.queue.get().await {
         let result = match &work {
-            Work::Claim(uid) => provision::sync_claim(&shared, uid).await,
+            // Boxed: the provisioning future is large (options, claim, class, PV).
+            Work::Claim(uid) => Box::pin(provision::sync_claim(&shared, uid)).await,
             Work::Volume(name) => delete::sync_volume(&shared, name).await,
             Work::Resize(uid) => expand::sync_resize(&shared, uid).await,
         };
-        match result {
-            Ok(()) => shared.queue.forget(&work),
-            Err(Retry) => {
-                let failures = shared.queue.add_rate_limited(work.clone());
-                tracing::debug!(?work, failures, "retrying with backoff");
-            }
+        if let Err(Retry) = result {
+            let failures = shared.queue.add_rate_limited(work.clone());
+            tracing::debug!(?work, failures, "retrying with backoff");
+        } else {
+            shared.queue.forget(&work);
         }
         shared.queue.done(&work);
     }

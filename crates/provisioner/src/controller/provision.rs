@@ -99,7 +99,7 @@ pub(super) async fn sync_claim(shared: &Shared, uid: &str) -> Result<(), Retry> 
         claim: (*claim).clone(),
         selected_node,
     };
-    provision(shared, options, uid).await
+    Box::pin(provision(shared, options, uid)).await
 }
 
 async fn provision(shared: &Shared, options: ProvisionOptions, uid: &str) -> Result<(), Retry> {
