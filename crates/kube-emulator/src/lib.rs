@@ -1,1 +1,35 @@
-//! kube-emulator
+//! An in-memory Kubernetes API server (kube-apiserver 1.36 semantics, checked against the
+//! recordings in `reference/k8s-traces/`) plus the slice of kube-controller-manager's PV
+//! controller that dynamic provisioning depends on. For tests and the demo.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! let emu = kube_emulator::Emulator::new();
+//! let client = emu.client(); // in-process kube::Client, no socket
+//! # let _ = client;
+//! let server = emu.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+//! println!("{}", server.kubeconfig_yaml());
+//! # }
+//! ```
+//!
+//! See the crate README for what is emulated and what deliberately is not.
+
+mod admission;
+mod api;
+mod controller;
+mod emulator;
+mod events_view;
+mod faults;
+mod patch;
+mod quantity;
+mod resources;
+mod schema;
+mod selectors;
+mod server;
+mod status;
+mod store;
+mod util;
+
+pub use emulator::{DEFAULT_WATCH_HISTORY, Emulator, EmulatorBuilder};
+pub use faults::Faults;
+pub use server::ServerHandle;

@@ -1,0 +1,271 @@
+//! Claim sync: pvc-protection, external-provisioning annotations and events, binding, the
+//! expand controller's `ExternalExpanding` event, and lost claims.
+//!
+//! Binding writes exactly what the recordings show: PV `claimRef` (+ `bound-by-controller`)
+//! only when the PV was not pre-bound with the claim's uid, PV status `Bound`, then the claim
+//! (`volumeName`, `bind-completed`, and `bound-by-controller` when the controller chose the
+//! volume), then the claim status `{phase: Bound, accessModes, capacity}`. No events.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::{Controller, PVCS, PVS};
+use crate::admission::PVC_PROTECTION;
+use crate::quantity;
+use crate::util::{self, annotation, finalizers, is_terminating, now_time, set_annotation, str_at};
+
+const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
+const ANN_BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
+const ANN_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+const ANN_PROVISIONER_BETA: &str = "volume.beta.kubernetes.io/storage-provisioner";
+const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+const PV_CONTROLLER: &str = "persistentvolume-controller";
+
+/// The claims a pod uses (`spec.volumes[].persistentVolumeClaim.claimName`).
+pub(crate) fn pod_claims(pod: &Value) -> Vec<String> {
+    pod.pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .map(|vols| {
+            vols.iter()
+                .filter_map(|v| str_at(v, "/persistentVolumeClaim/claimName"))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn storage_request(obj: &Value, ptr: &str) -> Option<f64> {
+    str_at(obj, ptr).and_then(quantity::parse).map(|q| q.value)
+}
+
+/// Whether `pv` is pre-bound to `claim` (name, namespace, and uid when set).
+fn prebound_to(pv: &Value, claim: &Value) -> bool {
+    str_at(pv, "/spec/claimRef/name") == Some(util::name_of(claim))
+        && str_at(pv, "/spec/claimRef/namespace") == Some(util::ns_of(claim))
+        && str_at(pv, "/spec/claimRef/uid").is_none_or(|u| u.is_empty() || Some(u) == util::meta_str(claim, "uid"))
+}
+
+impl Controller {
+    pub(super) fn sync_claim(&mut self, ns: &str, name: &str) {
+        let Some(claim) = self.store.get(PVCS, ns, name) else {
+            return;
+        };
+        if is_terminating(&claim) {
+            self.release_claim_protection(&claim);
+            return;
+        }
+        let claim = if finalizers(&claim).iter().any(|f| f == PVC_PROTECTION) {
+            claim
+        } else {
+            match self.modify(PVCS, ns, name, |c| {
+                let mut f = finalizers(c);
+                f.push(PVC_PROTECTION.to_string());
+                util::set_finalizers(c, f);
+            }) {
+                Some(c) => c,
+                None => return,
+            }
+        };
+        if str_at(&claim, "/status/phase") == Some("Bound") {
+            self.sync_bound_claim(&claim);
+        } else {
+            self.sync_unbound_claim(&claim);
+        }
+    }
+
+    /// pvc-protection: drop the finalizer once no running pod uses the claim.
+    fn release_claim_protection(&mut self, claim: &Value) {
+        if !finalizers(claim).iter().any(|f| f == PVC_PROTECTION) {
+            return;
+        }
+        let ns = util::ns_of(claim);
+        let name = util::name_of(claim);
+        let (pods, _) = self.store.list("pods", Some(ns));
+        let in_use = pods.iter().any(|p| {
+            !matches!(str_at(p, "/status/phase"), Some("Succeeded" | "Failed"))
+                && pod_claims(p).iter().any(|c| c == name)
+        });
+        if in_use {
+            return;
+        }
+        self.modify(PVCS, ns, name, |c| {
+            let rest: Vec<String> = finalizers(c).into_iter().filter(|f| f != PVC_PROTECTION).collect();
+            util::set_finalizers(c, rest);
+        });
+    }
+
+    fn sync_bound_claim(&mut self, claim: &Arc<Value>) {
+        let volume = str_at(claim, "/spec/volumeName").unwrap_or_default();
+        if !volume.is_empty() && self.store.get(PVS, "", volume).is_none() {
+            let ns = util::ns_of(claim).to_string();
+            let name = util::name_of(claim).to_string();
+            if let Some(lost) = self.modify(PVCS, &ns, &name, |c| c["status"]["phase"] = json!("Lost")) {
+                self.recorder.emit(
+                    &self.store,
+                    &lost,
+                    "Warning",
+                    "ClaimLost",
+                    "Bound claim has lost its PersistentVolume. Data on the volume is lost!",
+                    PV_CONTROLLER,
+                );
+            }
+            return;
+        }
+        // Expand controller: for CSI (and every other) volume it only waits for the external
+        // resizer, saying so once.
+        let requested = storage_request(claim, "/spec/resources/requests/storage");
+        let capacity = storage_request(claim, "/status/capacity/storage");
+        if let (Some(r), Some(c)) = (requested, capacity)
+            && r > c
+        {
+            let uid = util::meta_str(claim, "uid").unwrap_or_default().to_string();
+            let size = str_at(claim, "/spec/resources/requests/storage").unwrap_or_default().to_string();
+            if self.expanding_reported.insert((uid, size)) {
+                self.recorder.emit(
+                    &self.store,
+                    claim,
+                    "Normal",
+                    "ExternalExpanding",
+                    "waiting for an external controller to expand this PVC",
+                    "volume_expand",
+                );
+            }
+        }
+    }
+
+    fn sync_unbound_claim(&mut self, claim: &Arc<Value>) {
+        let volume_name = str_at(claim, "/spec/volumeName").unwrap_or_default().to_string();
+        if volume_name.is_empty() {
+            let requested = storage_request(claim, "/spec/resources/requests/storage").unwrap_or(0.0);
+            let (volumes, _) = self.store.list(PVS, None);
+            let prebound = volumes.into_iter().find(|pv| {
+                prebound_to(pv, claim)
+                    && !is_terminating(pv)
+                    && storage_request(pv, "/spec/capacity/storage").is_some_and(|c| c >= requested)
+            });
+            match prebound {
+                Some(pv) => self.bind(claim, &pv, true),
+                None => self.provision(claim),
+            }
+            return;
+        }
+        let Some(pv) = self.store.get(PVS, "", &volume_name) else {
+            return;
+        };
+        let free = pv.pointer("/spec/claimRef").is_none_or(Value::is_null);
+        if free || prebound_to(&pv, claim) {
+            self.bind(claim, &pv, false);
+        }
+    }
+
+    /// Binds `claim` and `pv`; `chosen_by_controller` when the claim had no `volumeName`.
+    fn bind(&mut self, claim: &Arc<Value>, pv: &Arc<Value>, chosen_by_controller: bool) {
+        let pv_name = util::name_of(pv).to_string();
+        let claim_uid = util::meta_str(claim, "uid").unwrap_or_default().to_string();
+        let needs_ref = str_at(pv, "/spec/claimRef/uid") != Some(claim_uid.as_str());
+        if needs_ref {
+            let claim_ref = json!({
+                "kind": "PersistentVolumeClaim",
+                "namespace": util::ns_of(claim),
+                "name": util::name_of(claim),
+                "uid": claim_uid,
+                "apiVersion": "v1",
+                "resourceVersion": util::meta_str(claim, "resourceVersion").unwrap_or_default(),
+            });
+            if self
+                .modify(PVS, "", &pv_name, |v| {
+                    v["spec"]["claimRef"] = claim_ref;
+                    set_annotation(v, ANN_BOUND_BY_CONTROLLER, "yes");
+                })
+                .is_none()
+            {
+                return;
+            }
+        }
+        let now = now_time();
+        self.modify(PVS, "", &pv_name, |v| {
+            if str_at(v, "/status/phase") != Some("Bound") {
+                v["status"]["phase"] = json!("Bound");
+                v["status"]["lastPhaseTransitionTime"] = json!(now);
+            }
+        });
+        let ns = util::ns_of(claim).to_string();
+        let name = util::name_of(claim).to_string();
+        let Some(claim) = self.modify(PVCS, &ns, &name, |c| {
+            c["spec"]["volumeName"] = json!(pv_name);
+            set_annotation(c, ANN_BIND_COMPLETED, "yes");
+            if chosen_by_controller {
+                set_annotation(c, ANN_BOUND_BY_CONTROLLER, "yes");
+            }
+        }) else {
+            return;
+        };
+        let access_modes = pv.pointer("/spec/accessModes").cloned().unwrap_or(json!([]));
+        let capacity = pv.pointer("/spec/capacity").cloned().unwrap_or(json!({}));
+        self.modify(PVCS, util::ns_of(&claim), util::name_of(&claim), |c| {
+            c["status"]["phase"] = json!("Bound");
+            c["status"]["accessModes"] = access_modes;
+            c["status"]["capacity"] = capacity;
+        });
+    }
+
+    /// Dynamic provisioning by an external provisioner: annotate, then wait (and say so).
+    fn provision(&mut self, claim: &Arc<Value>) {
+        let class_name = str_at(claim, "/spec/storageClassName").unwrap_or_default();
+        if class_name.is_empty() {
+            self.recorder.emit(
+                &self.store,
+                claim,
+                "Normal",
+                "FailedBinding",
+                "no persistent volumes available for this claim and no storage class is set",
+                PV_CONTROLLER,
+            );
+            return;
+        }
+        let Some(class) = self.store.get("storageclasses", "", class_name) else {
+            self.recorder.emit(
+                &self.store,
+                claim,
+                "Warning",
+                "ProvisioningFailed",
+                &format!("storageclass.storage.k8s.io \"{class_name}\" not found"),
+                PV_CONTROLLER,
+            );
+            return;
+        };
+        let provisioner = str_at(&class, "/provisioner").unwrap_or_default().to_string();
+        if str_at(&class, "/volumeBindingMode") == Some("WaitForFirstConsumer")
+            && annotation(claim, ANN_SELECTED_NODE).is_none_or(str::is_empty)
+        {
+            self.recorder.emit(
+                &self.store,
+                claim,
+                "Normal",
+                "WaitForFirstConsumer",
+                "waiting for first consumer to be created before binding",
+                PV_CONTROLLER,
+            );
+            return;
+        }
+        let ns = util::ns_of(claim).to_string();
+        let name = util::name_of(claim).to_string();
+        let Some(claim) = self.modify(PVCS, &ns, &name, |c| {
+            set_annotation(c, ANN_PROVISIONER_BETA, &provisioner);
+            set_annotation(c, ANN_PROVISIONER, &provisioner);
+        }) else {
+            return;
+        };
+        self.recorder.emit(
+            &self.store,
+            &claim,
+            "Normal",
+            "ExternalProvisioning",
+            &format!(
+                "Waiting for a volume to be created either by the external provisioner '{provisioner}' or manually by the system administrator. If volume creation is delayed, please verify that the provisioner is running and correctly registered."
+            ),
+            PV_CONTROLLER,
+        );
+    }
+}

@@ -1,0 +1,191 @@
+//! The public entry point: [`Emulator`] and its builder.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::controller;
+use crate::faults::Faults;
+use crate::resources;
+use crate::server::ServerHandle;
+use crate::store::{Action, Origin, Store};
+use crate::util::now_time;
+
+/// Events kept per resource for watch resumption, by default.
+pub const DEFAULT_WATCH_HISTORY: usize = 10_000;
+/// Capacity of one watcher's queue; a watcher that falls this far behind is dropped.
+const WATCH_QUEUE: usize = 4096;
+
+/// State shared by the HTTP layer, the controller and the handle.
+pub(crate) struct Shared {
+    pub store: Arc<Store>,
+    pub faults: Faults,
+    counts: Mutex<HashMap<(String, String), u64>>,
+}
+
+impl Shared {
+    pub(crate) fn count(&self, verb: &str, resource: &str) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        *c.entry((verb.to_string(), resource.to_string())).or_insert(0) += 1;
+    }
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    controller: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(c) = &self.controller {
+            c.abort();
+        }
+    }
+}
+
+/// An in-memory Kubernetes API server (plus the PV controller slice). Cheap to clone.
+#[derive(Clone)]
+pub struct Emulator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Emulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Emulator").finish_non_exhaustive()
+    }
+}
+
+/// Options for [`Emulator`].
+#[derive(Debug, Clone)]
+pub struct EmulatorBuilder {
+    pv_controller: bool,
+    watch_history: usize,
+    resync_period: Duration,
+}
+
+impl Default for EmulatorBuilder {
+    fn default() -> Self {
+        EmulatorBuilder {
+            pv_controller: true,
+            watch_history: DEFAULT_WATCH_HISTORY,
+            resync_period: Duration::from_secs(15),
+        }
+    }
+}
+
+impl EmulatorBuilder {
+    /// Runs the PV controller slice (binding, provisioning annotations, protection, events).
+    /// Default: on.
+    pub fn pv_controller(mut self, on: bool) -> Self {
+        self.pv_controller = on;
+        self
+    }
+
+    /// Watch events kept per resource for resuming watches (default 10 000).
+    pub fn watch_history(mut self, events: usize) -> Self {
+        self.watch_history = events;
+        self
+    }
+
+    /// PV controller resync period (default 15 s, as kube-controller-manager).
+    pub fn resync_period(mut self, period: Duration) -> Self {
+        self.resync_period = period;
+        self
+    }
+
+    /// Builds the emulator. Must be called inside a tokio runtime when the controller is on.
+    pub fn build(self) -> Emulator {
+        let store = Arc::new(Store::new(self.watch_history, WATCH_QUEUE));
+        for ns in ["default", "kube-node-lease", "kube-public", "kube-system"] {
+            seed_namespace(&store, ns);
+        }
+        let controller = self.pv_controller.then(|| {
+            let rx = store.subscribe();
+            tokio::spawn(controller::run(store.clone(), rx, self.resync_period)).abort_handle()
+        });
+        let shared = Arc::new(Shared {
+            faults: Faults::new(store.clone()),
+            store,
+            counts: Mutex::new(HashMap::new()),
+        });
+        Emulator {
+            inner: Arc::new(Inner { shared, controller }),
+        }
+    }
+}
+
+fn seed_namespace(store: &Store, name: &str) {
+    let obj = json!({
+        "kind": "Namespace",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "uid": uuid::Uuid::new_v4().to_string(),
+            "creationTimestamp": now_time(),
+            "labels": {"kubernetes.io/metadata.name": name},
+        },
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    });
+    let key = (String::new(), name.to_string());
+    if let Err(e) = store.write(resources::core("namespaces").storage, &key, Origin::Client, |_, _| {
+        Ok(Action::Put(obj))
+    }) {
+        tracing::error!(namespace = name, error = %e, "seeding namespace failed");
+    }
+}
+
+impl Emulator {
+    /// An emulator with defaults (PV controller on). Must be called inside a tokio runtime.
+    pub fn new() -> Emulator {
+        EmulatorBuilder::default().build()
+    }
+
+    pub fn builder() -> EmulatorBuilder {
+        EmulatorBuilder::default()
+    }
+
+    /// A kube client talking to this emulator in-process (no socket), default namespace `default`.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.router(), "default")
+    }
+
+    /// The HTTP API as an axum router.
+    pub fn router(&self) -> axum::Router {
+        crate::api::router(self.inner.shared.clone())
+    }
+
+    /// Serves the API over plain HTTP on `addr` (port 0 picks a free port).
+    pub async fn serve(&self, addr: std::net::SocketAddr) -> std::io::Result<ServerHandle> {
+        ServerHandle::start(self.router(), self.inner.shared.store.clone(), addr).await
+    }
+
+    /// Fault injection.
+    pub fn faults(&self) -> &Faults {
+        &self.inner.shared.faults
+    }
+
+    /// HTTP requests served so far for `verb` (`get`, `list`, `watch`, `create`, `update`,
+    /// `patch`, `delete`, `deletecollection`) and `resource` (plural, or `plural/subresource`);
+    /// `"*"` matches anything.
+    pub fn request_count(&self, verb: &str, resource: &str) -> u64 {
+        let c = self.inner.shared.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.iter()
+            .filter(|((v, r), _)| (verb == "*" || v == verb) && (resource == "*" || r == resource))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// The number of open watch streams (for tests).
+    pub fn open_watches(&self) -> usize {
+        self.inner.shared.store.watcher_count()
+    }
+}
+
+impl Default for Emulator {
+    fn default() -> Self {
+        Emulator::new()
+    }
+}
