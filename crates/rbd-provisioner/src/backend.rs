@@ -1,0 +1,381 @@
+//! The RBD backend of the provisioning library: `Provisioner` and `Expander` on ceph-rbd.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use ceph_rbd::{ClusterConfig, ConnectionPool, CreateOptions};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use kube::{Api, Client};
+use provisioner::{
+    DeleteError, ExpandError, ExpandOutcome, Expander, ProvisionError, ProvisionOptions,
+    Provisioned, Provisioner, SecretRef,
+};
+
+use crate::image::{Naming, Owner, Ownership, ownership};
+use crate::params::{Parameters, PvSource};
+use crate::pv_build::{ANN_ADMIN_ID, ImageLocation, VolumeInputs, build_volume, image_location};
+use crate::{claim, crashpoint, monitors, secrets};
+
+/// How PV sources are chosen when the class does not say (`--pv-source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SourceMode {
+    /// `csi` when our CSIDriver object exists in the cluster, else in-tree `rbd`.
+    Auto,
+    Csi,
+    #[value(alias = "intree", alias = "in-tree")]
+    Rbd,
+}
+
+/// Backend settings.
+#[derive(Clone, Debug)]
+pub struct BackendConfig {
+    pub identity: String,
+    pub naming: Naming,
+    pub source_mode: SourceMode,
+    pub csi_driver: String,
+    /// Bound of each Ceph operation (`--command-timeout`).
+    pub op_timeout: Duration,
+}
+
+/// Provisions, deletes and expands RBD images.
+pub struct RbdBackend {
+    client: Client,
+    ceph: ConnectionPool,
+    config: BackendConfig,
+    csi_driver_seen: tokio::sync::Mutex<Option<(Instant, bool)>>,
+}
+
+impl RbdBackend {
+    pub fn new(client: Client, ceph: ConnectionPool, config: BackendConfig) -> Arc<RbdBackend> {
+        Arc::new(RbdBackend {
+            client,
+            ceph,
+            config,
+            csi_driver_seen: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    async fn cluster(
+        &self,
+        monitors: &str,
+        user: &str,
+        key: ceph_rbd::Secret,
+    ) -> Result<Arc<ceph_rbd::Cluster>, ceph_rbd::Error> {
+        let cfg = ClusterConfig::new(monitors, user, key)
+            .with_op_timeout(self.config.op_timeout)
+            .with_connect_timeout(self.config.op_timeout);
+        self.ceph.get(&cfg).await
+    }
+
+    /// Whether our CSIDriver object exists (cached for 30 s).
+    async fn csi_driver_installed(&self) -> bool {
+        let mut cached = self.csi_driver_seen.lock().await;
+        if let Some((at, seen)) = *cached
+            && at.elapsed() < Duration::from_secs(30)
+        {
+            return seen;
+        }
+        let api: Api<CSIDriver> = Api::all(self.client.clone());
+        let seen = match api.get_opt(&self.config.csi_driver).await {
+            Ok(found) => found.is_some(),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not look up the CSIDriver object; assuming in-tree rbd PVs");
+                false
+            }
+        };
+        *cached = Some((Instant::now(), seen));
+        seen
+    }
+
+    async fn pv_source(&self, params: &Parameters) -> PvSource {
+        if let Some(source) = params.pv_source {
+            return source;
+        }
+        match self.config.source_mode {
+            SourceMode::Csi => PvSource::Csi,
+            SourceMode::Rbd => PvSource::InTree,
+            SourceMode::Auto if self.csi_driver_installed().await => PvSource::Csi,
+            SourceMode::Auto => PvSource::InTree,
+        }
+    }
+
+    /// Creates the image, or finds it after a retry. Returns `InBackground` when Ceph did not
+    /// answer (the create may have happened).
+    async fn ensure_image(
+        &self,
+        cluster: &ceph_rbd::Cluster,
+        params: &Parameters,
+        image: &str,
+        size: u64,
+        owner: &Owner,
+    ) -> Result<(), ProvisionError> {
+        let pool = &params.pool;
+        let opts = CreateOptions {
+            format: Some(params.image_format),
+            features: (params.image_format == 2).then_some(params.image_features),
+            data_pool: params.data_pool.clone(),
+            object_size: params.object_size,
+            stripe_unit: params.stripe_unit,
+            stripe_count: params.stripe_count,
+        };
+        match cluster.create_image(pool, image, size, &opts).await {
+            Ok(()) => {
+                crashpoint::hit("after-image-create");
+                tracing::info!(pool = %pool, image, size, "image created");
+            }
+            Err(e) if e.is_already_exists() => {
+                let meta = cluster
+                    .metadata_list(pool, image)
+                    .await
+                    .map_err(ceph_error)?;
+                match ownership(&meta, &owner.pv) {
+                    Ownership::Ours => {
+                        tracing::info!(pool = %pool, image, "image already exists for this PV; reusing it");
+                        let info = cluster.image_info(pool, image).await.map_err(ceph_error)?;
+                        if info.size < size {
+                            cluster
+                                .resize_image(pool, image, size, false)
+                                .await
+                                .map_err(ceph_error)?;
+                        }
+                        return Ok(());
+                    }
+                    Ownership::Unrecorded => {
+                        tracing::warn!(pool = %pool, image, "image exists without an owner record; adopting it for this PV");
+                    }
+                    Ownership::Foreign(other) => {
+                        return Err(ProvisionError::final_error(format!(
+                            "image {pool}/{image} already exists and belongs to PV {} (claim {}); refusing to reuse it",
+                            other.pv, other.claim
+                        )));
+                    }
+                }
+            }
+            Err(e) => return Err(ceph_error(e)),
+        }
+        for (key, value) in owner.entries() {
+            cluster
+                .metadata_set(pool, image, key, value)
+                .await
+                .map_err(ceph_error)?;
+        }
+        crashpoint::hit("after-image-metadata");
+        Ok(())
+    }
+
+    /// Key and monitors for acting on an existing PV's image, from the PV alone.
+    async fn access_for(
+        &self,
+        volume: &PersistentVolume,
+    ) -> Result<(ImageLocation, String, ceph_rbd::Secret), String> {
+        let location = image_location(volume, &self.config.csi_driver).ok_or_else(|| {
+            "the PV has no rbd source and no csi source of our driver".to_string()
+        })?;
+        let annotations = volume.metadata.annotations.clone().unwrap_or_default();
+        let (secret, admin_id) = match provisioner::volume::deletion_secret(volume) {
+            Some(secret) => (
+                secret,
+                annotations
+                    .get(ANN_ADMIN_ID)
+                    .cloned()
+                    .unwrap_or_else(|| "admin".into()),
+            ),
+            // a PV made by the old provisioner: its class is the only record of the admin secret
+            None => self.legacy_admin_secret(volume).await?,
+        };
+        let monitors = monitors::resolve(&location.monitors)
+            .await
+            .map_err(|e| e.to_string())?;
+        let key = secrets::read_key(&self.client, &secret.namespace, &secret.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((
+            ImageLocation {
+                monitors,
+                ..location
+            },
+            admin_id,
+            key,
+        ))
+    }
+
+    async fn legacy_admin_secret(
+        &self,
+        volume: &PersistentVolume,
+    ) -> Result<(SecretRef, String), String> {
+        let class_name = volume
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone())
+            .ok_or("the PV records no deletion secret and names no StorageClass")?;
+        let api: Api<StorageClass> = Api::all(self.client.clone());
+        let class = api
+            .get_opt(&class_name)
+            .await
+            .map_err(|e| format!("reading StorageClass {class_name}: {e}"))?
+            .ok_or_else(|| {
+                format!(
+                    "the PV records no deletion secret and its StorageClass {class_name} is gone"
+                )
+            })?;
+        let params =
+            Parameters::parse(&class.parameters.unwrap_or_default()).map_err(|e| e.to_string())?;
+        Ok((
+            SecretRef {
+                namespace: params.admin_secret_namespace,
+                name: params.admin_secret_name,
+            },
+            params.admin_id,
+        ))
+    }
+}
+
+/// Ceph errors while provisioning: a timeout may hide a create that happened.
+fn ceph_error(e: ceph_rbd::Error) -> ProvisionError {
+    if matches!(e, ceph_rbd::Error::Timeout { .. }) {
+        ProvisionError::in_background(e)
+    } else {
+        ProvisionError::final_error(e)
+    }
+}
+
+#[async_trait]
+impl Provisioner for RbdBackend {
+    async fn provision(&self, options: ProvisionOptions) -> Result<Provisioned, ProvisionError> {
+        let class = &options.storage_class;
+        let params = Parameters::parse(&class.parameters.clone().unwrap_or_default())
+            .map_err(ProvisionError::final_error)?;
+        claim::check_modes(&options.claim).map_err(ProvisionError::final_error)?;
+        let size =
+            claim::image_size(options.requested_bytes()).map_err(ProvisionError::final_error)?;
+        let key = secrets::read_key(
+            &self.client,
+            &params.admin_secret_namespace,
+            &params.admin_secret_name,
+        )
+        .await
+        .map_err(ProvisionError::final_error)?;
+        let monitors = monitors::resolve(&params.monitors_string())
+            .await
+            .map_err(ProvisionError::final_error)?;
+        let cluster = self
+            .cluster(&monitors, &params.admin_id, key)
+            .await
+            .map_err(ProvisionError::final_error)?;
+
+        let image = self.config.naming.image_name(&options.pv_name);
+        let claim_meta = &options.claim.metadata;
+        let owner = Owner {
+            pv: options.pv_name.clone(),
+            claim: format!(
+                "{}/{}",
+                claim_meta.namespace.as_deref().unwrap_or_default(),
+                claim_meta.name.as_deref().unwrap_or_default()
+            ),
+            provisioner: self.config.identity.clone(),
+        };
+        self.ensure_image(&cluster, &params, &image, size, &owner)
+            .await?;
+
+        let source = self.pv_source(&params).await;
+        let volume = build_volume(&VolumeInputs {
+            params: &params,
+            claim: &options.claim,
+            monitors: params.monitors_string(),
+            image,
+            size_bytes: size,
+            source,
+            csi_driver: &self.config.csi_driver,
+            identity: &self.config.identity,
+        })
+        .map_err(ProvisionError::final_error)?;
+        Ok(Provisioned {
+            volume,
+            deletion_secret: Some(SecretRef {
+                namespace: params.admin_secret_namespace.clone(),
+                name: params.admin_secret_name.clone(),
+            }),
+        })
+    }
+
+    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
+        let pv_name = volume.metadata.name.clone().unwrap_or_default();
+        if image_location(volume, &self.config.csi_driver).is_none() {
+            return Err(DeleteError::ignored(format!(
+                "PV {pv_name} has no RBD image source of ours"
+            )));
+        }
+        let (location, admin_id, key) =
+            self.access_for(volume).await.map_err(DeleteError::failed)?;
+        let cluster = self
+            .cluster(&location.monitors, &admin_id, key)
+            .await
+            .map_err(DeleteError::failed)?;
+        let (pool, image) = (&location.pool, &location.image);
+        match cluster.metadata_list(pool, image).await {
+            Ok(meta) => {
+                if let Ownership::Foreign(other) = ownership(&meta, &pv_name) {
+                    return Err(DeleteError::failed(format!(
+                        "image {pool}/{image} belongs to PV {} (claim {}), not {pv_name}; refusing to delete it",
+                        other.pv, other.claim
+                    )));
+                }
+            }
+            Err(e) if e.is_not_found() => {
+                tracing::info!(pv = %pv_name, pool = %pool, image = %image, "image already gone");
+                return Ok(());
+            }
+            Err(e) => return Err(DeleteError::failed(e)),
+        }
+        match cluster.remove_image(pool, image).await {
+            Ok(()) => {
+                crashpoint::hit("after-image-remove");
+                tracing::info!(pv = %pv_name, pool = %pool, image = %image, "image removed");
+                Ok(())
+            }
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(DeleteError::failed(e)),
+        }
+    }
+
+    fn supports_block(&self) -> bool {
+        true
+    }
+}
+
+#[async_trait]
+impl Expander for RbdBackend {
+    async fn expand(
+        &self,
+        volume: &PersistentVolume,
+        new_size_bytes: u64,
+    ) -> Result<ExpandOutcome, ExpandError> {
+        let (location, admin_id, key) = self.access_for(volume).await.map_err(ExpandError::new)?;
+        let cluster = self
+            .cluster(&location.monitors, &admin_id, key)
+            .await
+            .map_err(ExpandError::new)?;
+        let size = claim::image_size(Some(new_size_bytes)).map_err(ExpandError::new)?;
+        let (pool, image) = (&location.pool, &location.image);
+        let current = cluster
+            .image_info(pool, image)
+            .await
+            .map_err(ExpandError::new)?
+            .size;
+        if current < size {
+            cluster
+                .resize_image(pool, image, size, false)
+                .await
+                .map_err(ExpandError::new)?;
+            crashpoint::hit("after-image-resize");
+            tracing::info!(pool = %pool, image = %image, from = current, to = size, "image resized");
+        }
+        let block = volume.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+        Ok(ExpandOutcome {
+            capacity_bytes: current.max(size),
+            node_expansion_required: !block,
+        })
+    }
+}

@@ -1,0 +1,40 @@
+//! The Kubernetes client from --master / --kubeconfig / in-cluster configuration.
+
+use anyhow::Context;
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::cli::KubeArgs;
+use crate::throttle::ThrottleLayer;
+
+/// Builds the client the way the old provisioner did: kubeconfig if given, else in-cluster
+/// (falling back to $KUBECONFIG / ~/.kube/config outside a pod); --master overrides the URL.
+pub async fn client(args: &KubeArgs) -> anyhow::Result<Client> {
+    let mut config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None if args.master.is_some() => Config::new("http://localhost".parse()?),
+        None => Config::infer()
+            .await
+            .context("no --kubeconfig or --master and no in-cluster configuration")?,
+    };
+    if let Some(master) = &args.master {
+        config.cluster_url = master
+            .parse()
+            .with_context(|| format!("--master {master:?} is not a URL"))?;
+    }
+    let builder = ClientBuilder::try_from(config).context("building the Kubernetes client")?;
+    Ok(if args.kube_api_qps > 0.0 {
+        builder
+            .with_layer(&ThrottleLayer::new(args.kube_api_qps, args.kube_api_burst))
+            .build()
+    } else {
+        builder.build()
+    })
+}

@@ -1,0 +1,269 @@
+//! The PersistentVolume spec for a provisioned image. Pure.
+//!
+//! The provisioner library fills name, claimRef, class, reclaim policy, mount options and the
+//! provisioned-by annotation; this builds the rest: the volume source (in-tree `rbd` or `csi`),
+//! capacity, access modes and volume mode, and our own annotations.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec,
+    RBDPersistentVolumeSource, SecretReference,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::params::{Parameters, PvSource};
+
+/// Annotation naming the Ceph user whose key is in the deletion secret (delete needs it
+/// without the StorageClass).
+pub const ANN_ADMIN_ID: &str = "provisioner.ceph.com/admin-id";
+/// The old provisioner's annotation, kept for tools that look for it.
+pub const ANN_LEGACY_IDENTITY: &str = "rbdProvisionerIdentity";
+
+/// What the PV is built from.
+#[derive(Clone, Debug)]
+pub struct VolumeInputs<'a> {
+    pub params: &'a Parameters,
+    pub claim: &'a PersistentVolumeClaim,
+    /// Monitors as they go into the PV (as the class gave them).
+    pub monitors: String,
+    pub image: String,
+    pub size_bytes: u64,
+    pub source: PvSource,
+    pub csi_driver: &'a str,
+    pub identity: &'a str,
+}
+
+/// The namespace of the user secret: the class's, else the claim's (as the old provisioner).
+pub fn user_secret_namespace(params: &Parameters, claim: &PersistentVolumeClaim) -> String {
+    params
+        .user_secret_namespace
+        .clone()
+        .or_else(|| claim.metadata.namespace.clone())
+        .unwrap_or_else(|| "default".into())
+}
+
+/// Builds the PV the library will finish and save.
+pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, String> {
+    let p = inputs.params;
+    let claim_spec = inputs.claim.spec.clone().unwrap_or_default();
+    let user_secret = p.user_secret_name.as_ref().map(|name| SecretReference {
+        name: Some(name.clone()),
+        namespace: Some(user_secret_namespace(p, inputs.claim)),
+    });
+    let mut spec = PersistentVolumeSpec {
+        capacity: Some(BTreeMap::from([(
+            "storage".to_string(),
+            Quantity(format!("{}Mi", inputs.size_bytes >> 20)),
+        )])),
+        access_modes: claim_spec.access_modes.clone(),
+        volume_mode: claim_spec.volume_mode.clone(),
+        ..Default::default()
+    };
+    match inputs.source {
+        PvSource::InTree => {
+            spec.rbd = Some(RBDPersistentVolumeSource {
+                monitors: inputs.monitors.split(',').map(str::to_string).collect(),
+                image: inputs.image.clone(),
+                pool: Some(p.pool.clone()),
+                fs_type: p.fs_type.clone(),
+                user: Some(p.user_id.clone()),
+                secret_ref: user_secret,
+                ..Default::default()
+            });
+        }
+        PvSource::Csi => {
+            let handle = rbd_csi::volume::VolumeId::new(&inputs.monitors, &p.pool, &inputs.image)
+                .encode()?;
+            use rbd_csi::volume::context;
+            let mut attributes = BTreeMap::from([
+                (context::MONITORS.to_string(), inputs.monitors.clone()),
+                (context::POOL.to_string(), p.pool.clone()),
+                (context::IMAGE.to_string(), inputs.image.clone()),
+                (context::USER.to_string(), p.user_id.clone()),
+            ]);
+            if let Some(m) = &p.mounter {
+                attributes.insert(context::MOUNTER.to_string(), m.clone());
+            }
+            let admin_secret = SecretReference {
+                name: Some(p.admin_secret_name.clone()),
+                namespace: Some(p.admin_secret_namespace.clone()),
+            };
+            spec.csi = Some(CSIPersistentVolumeSource {
+                driver: inputs.csi_driver.to_string(),
+                volume_handle: handle,
+                fs_type: p.fs_type.clone(),
+                volume_attributes: Some(attributes),
+                node_stage_secret_ref: user_secret,
+                controller_expand_secret_ref: Some(admin_secret),
+                ..Default::default()
+            });
+        }
+    }
+    Ok(PersistentVolume {
+        metadata: ObjectMeta {
+            annotations: Some(BTreeMap::from([
+                (ANN_ADMIN_ID.to_string(), p.admin_id.clone()),
+                (ANN_LEGACY_IDENTITY.to_string(), inputs.identity.to_string()),
+            ])),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        ..Default::default()
+    })
+}
+
+/// Where a PV's image lives, read back from its source (for delete and expand).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageLocation {
+    pub monitors: String,
+    pub pool: String,
+    pub image: String,
+}
+
+/// Reads the image location from an in-tree `rbd` source, or a `csi` source of `csi_driver`.
+pub fn image_location(volume: &PersistentVolume, csi_driver: &str) -> Option<ImageLocation> {
+    let spec = volume.spec.as_ref()?;
+    if let Some(rbd) = &spec.rbd {
+        return Some(ImageLocation {
+            monitors: rbd.monitors.join(","),
+            pool: rbd.pool.clone().unwrap_or_else(|| "rbd".into()),
+            image: rbd.image.clone(),
+        });
+    }
+    let csi = spec.csi.as_ref().filter(|c| c.driver == csi_driver)?;
+    let id = rbd_csi::volume::VolumeId::parse(&csi.volume_handle).ok()?;
+    Some(ImageLocation {
+        monitors: id.monitors,
+        pool: id.pool,
+        image: id.image,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
+
+    fn params(extra: &[(&str, &str)]) -> Parameters {
+        let mut m: BTreeMap<String, String> = [
+            ("monitors", "10.0.0.1:6789"),
+            ("adminSecretName", "admin-secret"),
+            ("userSecretName", "user-secret"),
+            ("userId", "kube"),
+            ("fsType", "xfs"),
+        ]
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        m.insert("pool".into(), "kube".into());
+        Parameters::parse(&m).unwrap()
+    }
+
+    fn claim() -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some("data".into()),
+                namespace: Some("apps".into()),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                volume_mode: Some("Filesystem".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn inputs<'a>(
+        p: &'a Parameters,
+        c: &'a PersistentVolumeClaim,
+        source: PvSource,
+    ) -> VolumeInputs<'a> {
+        VolumeInputs {
+            params: p,
+            claim: c,
+            monitors: p.monitors_string(),
+            image: "kubernetes-dynamic-pvc-abc".into(),
+            size_bytes: 1 << 30,
+            source,
+            csi_driver: "rbd.provisioner.ceph.io",
+            identity: "ceph.com/rbd",
+        }
+    }
+
+    #[test]
+    fn in_tree_volumes_carry_what_the_old_provisioner_set() {
+        let (p, c) = (params(&[]), claim());
+        let pv = build_volume(&inputs(&p, &c, PvSource::InTree)).unwrap();
+        let spec = pv.spec.unwrap();
+        let rbd = spec.rbd.unwrap();
+        assert_eq!(rbd.monitors, vec!["10.0.0.1:6789"]);
+        assert_eq!(rbd.image, "kubernetes-dynamic-pvc-abc");
+        assert_eq!(rbd.pool.as_deref(), Some("kube"));
+        assert_eq!(rbd.fs_type.as_deref(), Some("xfs"));
+        assert_eq!(rbd.user.as_deref(), Some("kube"));
+        let secret = rbd.secret_ref.unwrap();
+        // user secret namespace defaults to the claim's
+        assert_eq!(
+            (secret.name.as_deref(), secret.namespace.as_deref()),
+            (Some("user-secret"), Some("apps"))
+        );
+        assert_eq!(spec.capacity.unwrap()["storage"].0, "1024Mi");
+        assert_eq!(spec.access_modes.unwrap(), vec!["ReadWriteOnce"]);
+        assert!(spec.csi.is_none());
+        let ann = pv.metadata.annotations.unwrap();
+        assert_eq!(ann[ANN_ADMIN_ID], "admin");
+        assert_eq!(ann[ANN_LEGACY_IDENTITY], "ceph.com/rbd");
+    }
+
+    #[test]
+    fn csi_volumes_have_a_stable_handle_and_node_attributes() {
+        let (p, c) = (params(&[("mounter", "fuse")]), claim());
+        let pv = build_volume(&inputs(&p, &c, PvSource::Csi)).unwrap();
+        let csi = pv.spec.as_ref().unwrap().csi.clone().unwrap();
+        assert_eq!(csi.driver, "rbd.provisioner.ceph.io");
+        assert_eq!(
+            csi.volume_handle,
+            "v1/10.0.0.1:6789/kube/kubernetes-dynamic-pvc-abc"
+        );
+        let attrs = csi.volume_attributes.unwrap();
+        assert_eq!(attrs["pool"], "kube");
+        assert_eq!(attrs["imageName"], "kubernetes-dynamic-pvc-abc");
+        assert_eq!(attrs["userID"], "kube");
+        assert_eq!(attrs["mounter"], "fuse");
+        assert_eq!(
+            csi.node_stage_secret_ref.unwrap().name.as_deref(),
+            Some("user-secret")
+        );
+        assert_eq!(
+            csi.controller_expand_secret_ref.unwrap().name.as_deref(),
+            Some("admin-secret")
+        );
+        assert_eq!(
+            image_location(&pv, "rbd.provisioner.ceph.io")
+                .unwrap()
+                .image,
+            "kubernetes-dynamic-pvc-abc"
+        );
+        assert_eq!(image_location(&pv, "other.driver"), None);
+    }
+
+    #[test]
+    fn image_location_reads_in_tree_sources() {
+        let (p, c) = (params(&[]), claim());
+        let pv = build_volume(&inputs(&p, &c, PvSource::InTree)).unwrap();
+        let loc = image_location(&pv, "x").unwrap();
+        assert_eq!(
+            loc,
+            ImageLocation {
+                monitors: "10.0.0.1:6789".into(),
+                pool: "kube".into(),
+                image: "kubernetes-dynamic-pvc-abc".into()
+            }
+        );
+    }
+}

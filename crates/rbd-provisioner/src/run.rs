@@ -1,0 +1,127 @@
+//! The provisioning controller: backend, library controller, leader election, metrics server.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use ceph_rbd::{ConnectionPool, PoolOptions};
+use prometheus_client::registry::Registry;
+use provisioner::queue::Backoff;
+use provisioner::{
+    Config, Controller, ControllerError, LeaderElectionConfig, LeaderElector, Metrics,
+};
+
+use crate::backend::{BackendConfig, RbdBackend};
+use crate::cli::ProvisionerArgs;
+use crate::image::Naming;
+
+/// Runs until SIGTERM/SIGINT; an error when the lease is lost or the controller fails.
+pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
+    let client = crate::kube_client::client(&args.kube).await?;
+    let identity = args
+        .id
+        .clone()
+        .unwrap_or_else(|| args.provisioner_name.clone());
+    let backend = RbdBackend::new(
+        client.clone(),
+        ConnectionPool::new(PoolOptions::default()),
+        BackendConfig {
+            identity: identity.clone(),
+            naming: Naming {
+                prefix: args.image_name_prefix.clone(),
+                use_pv_name: args.use_pv_name,
+            },
+            source_mode: args.pv_source,
+            csi_driver: args.csi_driver_name.clone(),
+            op_timeout: args.command_timeout,
+        },
+    );
+
+    let mut config = Config::new(args.provisioner_name.clone());
+    config.identity = identity.clone();
+    config.workers = args.workers.max(1);
+    config.backoff = Backoff {
+        base_delay: args.retry_interval_start,
+        max_delay: args.retry_interval_max,
+    };
+    config.failure_threshold = (args.failure_threshold > 0).then_some(args.failure_threshold);
+    config.resync_period = args.resync_period;
+    config.add_finalizer = args.add_finalizer;
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    if args.metrics_port != 0 {
+        let addr = format!("{}:{}", args.metrics_address, args.metrics_port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding the metrics server to {addr}"))?;
+        let app = provisioner::metrics::router(Arc::new(registry))
+            .route("/healthz", axum::routing::get(|| async { "ok" }));
+        tracing::info!(%addr, "serving metrics on /metrics");
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
+    }
+
+    let controller = Controller::new(client.clone(), config, backend.clone())
+        .with_expander(backend)
+        .with_metrics(metrics);
+    tracing::info!(provisioner = %args.provisioner_name, identity = %identity, "starting");
+    let result = if args.leader_elect {
+        let mut le = LeaderElectionConfig::new(
+            &args.provisioner_name,
+            &args.leader_election_namespace,
+            &holder_identity(),
+        );
+        le.lease_duration = args.leader_election_lease_duration;
+        le.renew_deadline = args.leader_election_renew_deadline;
+        le.retry_period = args.leader_election_retry_period;
+        tracing::info!(lease = %le.lease_name, namespace = %le.namespace, holder = %le.identity, "waiting for leadership");
+        controller
+            .run_with_leader_election(LeaderElector::new(client, le), shutdown_signal())
+            .await
+    } else {
+        controller.run(shutdown_signal()).await
+    };
+    match result {
+        Ok(()) => {
+            tracing::info!("stopped");
+            Ok(())
+        }
+        Err(ControllerError::LeaseLost) => {
+            anyhow::bail!("leader lease lost; exiting so that another replica takes over")
+        }
+        Err(e) => Err(e).context("controller failed"),
+    }
+}
+
+/// Unique per process: two replicas must never share a holder identity.
+fn holder_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_else(|| "rbd-provisioner".into());
+    format!("{host}_{:08x}", rand::random::<u32>())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+    tracing::info!("shutdown signal received");
+}
