@@ -132,6 +132,12 @@ pub fn decide(volume: &PersistentVolume, our_names: &[String]) -> VolumeDecision
     if !is_ours(volume, our_names) {
         return VolumeDecision::Keep;
     }
+    let deleting = volume.metadata.deletion_timestamp.is_some();
+    if deleting && !has_finalizer(volume) {
+        // Either we already deleted it (and dropped our finalizer), or it was deleted without
+        // our finalizer: nothing left for us to do either way.
+        return VolumeDecision::Keep;
+    }
     let released = volume.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
     let reclaim_delete = volume
         .spec
@@ -141,7 +147,7 @@ pub fn decide(volume: &PersistentVolume, our_names: &[String]) -> VolumeDecision
     if released && reclaim_delete {
         return VolumeDecision::Delete;
     }
-    if volume.metadata.deletion_timestamp.is_some() && has_finalizer(volume) && !reclaim_delete {
+    if deleting && !reclaim_delete {
         return VolumeDecision::RemoveFinalizer;
     }
     VolumeDecision::Keep
@@ -304,6 +310,16 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(decide(&bound, &names()), VolumeDecision::Keep);
+    }
+
+    #[test]
+    fn volume_being_deleted_without_our_finalizer_is_left_alone() {
+        let mut pv = released("Delete", "ceph.com/rbd");
+        pv.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        pv.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".to_owned()]);
+        assert_eq!(decide(&pv, &names()), VolumeDecision::Keep);
+        pv.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
+        assert_eq!(decide(&pv, &names()), VolumeDecision::Delete);
     }
 
     #[test]

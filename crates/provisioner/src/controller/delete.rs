@@ -7,6 +7,8 @@
 //! - The StorageClass is never needed: the backend reads what it needs from the PV.
 //! - A backend refusal (volume in use) is a `VolumeFailedDelete` Warning and a retry with
 //!   backoff; the PV stays.
+//! - Decisions made on the (possibly stale) cache are confirmed with a fresh read before the
+//!   backend is called, so a finished deletion is not repeated.
 //! - Each step is idempotent, so a restart anywhere converges (the backend treats an
 //!   already-deleted volume as success; a missing PV is fine).
 
@@ -31,7 +33,21 @@ pub(super) async fn sync_volume(shared: &Shared, name: &str) -> Result<(), Retry
     match pv::decide(&volume, &shared.names) {
         VolumeDecision::Keep => Ok(()),
         VolumeDecision::RemoveFinalizer => remove_finalizer(shared, name).await,
-        VolumeDecision::Delete => delete(shared, &volume, name).await,
+        VolumeDecision::Delete => {
+            // The cache may lag behind our own last deletion: confirm with a fresh read
+            // before asking the backend.
+            let api: Api<PersistentVolume> = Api::all(shared.client.clone());
+            match api.get_opt(name).await {
+                Ok(Some(fresh)) if pv::decide(&fresh, &shared.names) == VolumeDecision::Delete => {
+                    delete(shared, &fresh, name).await
+                }
+                Ok(_) => Ok(()),
+                Err(error) => {
+                    tracing::warn!(volume = name, %error, "could not read PV");
+                    Err(Retry)
+                }
+            }
+        }
     }
 }
 

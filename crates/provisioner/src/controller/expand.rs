@@ -37,22 +37,29 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
     let Some(expander) = shared.expander.clone() else {
         return Ok(());
     };
-    let Some(claim) = shared.claim_by_uid(uid) else {
+    let Some(cached) = shared.claim_by_uid(uid) else {
         return Ok(());
     };
-    let Some(volume_name) = claim
+    let Some(volume_name) = cached
         .spec
         .as_ref()
         .and_then(|spec| spec.volume_name.clone())
     else {
         return Ok(());
     };
-    let Some(volume) = shared.volumes.get(&ObjectRef::new(&volume_name)) else {
+    let Some(cached_volume) = shared.volumes.get(&ObjectRef::new(&volume_name)) else {
         return Ok(());
     };
     let Some(class) =
-        crate::ownership::storage_class_name(&claim).and_then(|name| shared.class(name))
+        crate::ownership::storage_class_name(&cached).and_then(|name| shared.class(name))
     else {
+        return Ok(());
+    };
+    if resize::decide(&cached, &cached_volume, &class, &shared.names) == ResizeDecision::Nothing {
+        return Ok(());
+    }
+    // The cache may lag behind our own last resize: decide again on fresh objects.
+    let Some((claim, volume)) = fresh(shared, &cached, &volume_name).await? else {
         return Ok(());
     };
     let class_name = class.name_any();
@@ -69,14 +76,14 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
                 format_bytes(capacity),
                 format_bytes(capacity)
             );
-            shared.event(&*claim, EventType::Warning, VOLUME_RESIZE_FAILED, &message);
+            shared.event(&claim, EventType::Warning, VOLUME_RESIZE_FAILED, &message);
             return Ok(());
         }
         ResizeDecision::Expand { requested } => requested,
     };
 
     shared.event(
-        &*claim,
+        &claim,
         EventType::Normal,
         RESIZING,
         &format!("External resizer is resizing volume {volume_name}"),
@@ -112,20 +119,47 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
     shared.metrics.expanded(&class_name, started.elapsed());
     if outcome.node_expansion_required {
         shared.event(
-            &*claim,
+            &claim,
             EventType::Normal,
             FILE_SYSTEM_RESIZE_REQUIRED,
             "Require file system resize of volume on node",
         );
     } else {
         shared.event(
-            &*claim,
+            &claim,
             EventType::Normal,
             VOLUME_RESIZE_SUCCESSFUL,
             "Resize volume succeeded",
         );
     }
     Ok(())
+}
+
+async fn fresh(
+    shared: &Shared,
+    cached: &PersistentVolumeClaim,
+    volume_name: &str,
+) -> Result<Option<(PersistentVolumeClaim, PersistentVolume)>, Retry> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(
+        shared.client.clone(),
+        cached.meta().namespace.as_deref().unwrap_or("default"),
+    );
+    let volumes: Api<PersistentVolume> = Api::all(shared.client.clone());
+    let read = async {
+        let claim = claims.get_opt(&cached.name_any()).await?;
+        let volume = volumes.get_opt(volume_name).await?;
+        Ok::<_, kube::Error>(claim.zip(volume))
+    };
+    match read.await {
+        Ok(Some((claim, volume))) if claim.metadata.uid == cached.metadata.uid => {
+            Ok(Some((claim, volume)))
+        }
+        Ok(_) => Ok(None),
+        Err(error) => {
+            tracing::warn!(claim = %cached.name_any(), %error, "could not read claim and volume");
+            Err(Retry)
+        }
+    }
 }
 
 fn fail(

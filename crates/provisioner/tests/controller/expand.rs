@@ -1,0 +1,148 @@
+//! Expansion flow.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::Client;
+use kube::api::{Patch, PatchParams};
+use kube_emulator::Emulator;
+use provisioner::quantity::{claim_capacity_bytes, volume_capacity_bytes};
+use provisioner::resize::{CONDITION_FS_RESIZE_PENDING, has_condition};
+
+use crate::common::backend::FakeBackend;
+use crate::common::*;
+
+const GI: u64 = 1 << 30;
+
+async fn request(client: &Client, name: &str, size: &str) -> PersistentVolumeClaim {
+    let patch = serde_json::json!({ "spec": { "resources": { "requests": { "storage": size } } } });
+    claims(client)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("resize request")
+}
+
+fn expandable() -> ClassSpec {
+    ClassSpec {
+        allow_expansion: true,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn expansion_needing_node_sets_file_system_resize_pending() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "grow", expandable()).await;
+    let backend = Arc::new(FakeBackend {
+        node_expansion_required: true,
+        ..Default::default()
+    });
+    let controller = start(client.clone(), config(), backend.clone(), true);
+
+    let (_, volume) = provisioned_claim(&client, "data", "grow").await;
+    let pv_name = volume.metadata.name.clone().unwrap();
+    request(&client, "data", "2Gi").await;
+
+    wait_for(&volumes(&client), &pv_name, "capacity 2Gi", |v| {
+        volume_capacity_bytes(v) == Some(2 * GI)
+    })
+    .await;
+    let claim = wait_for(&claims(&client), "data", "FileSystemResizePending", |c| {
+        has_condition(c, CONDITION_FS_RESIZE_PENDING)
+    })
+    .await;
+    assert_eq!(
+        claim_capacity_bytes(&claim),
+        Some(GI),
+        "capacity waits for the node"
+    );
+    wait_for_event(&client, "data", "Resizing", &pv_name).await;
+    wait_for_event(
+        &client,
+        "data",
+        "FileSystemResizeRequired",
+        "file system resize",
+    )
+    .await;
+    assert_eq!(backend.volumes.lock().unwrap()[&pv_name], 2 * GI);
+
+    // Asking for less than the volume already has is a shrink: a Warning and no change.
+    request(&client, "data", "1536Mi").await;
+    wait_for_event(
+        &client,
+        "data",
+        "VolumeResizeFailed",
+        "volumes cannot shrink",
+    )
+    .await;
+    let volume = volumes(&client).get(&pv_name).await.unwrap();
+    assert_eq!(volume_capacity_bytes(&volume), Some(2 * GI));
+    assert_eq!(backend.expands(), 1);
+    controller.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn expansion_without_node_step_updates_claim_capacity() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "grow", expandable()).await;
+    let backend = FakeBackend::new();
+    backend.fail_expands(1);
+    let controller = start(client.clone(), config(), backend.clone(), true);
+
+    let (_, volume) = provisioned_claim(&client, "data", "grow").await;
+    let pv_name = volume.metadata.name.clone().unwrap();
+    request(&client, "data", "3Gi").await;
+
+    wait_for_event(&client, "data", "VolumeResizeFailed", "pool is full").await;
+    let claim = wait_for(&claims(&client), "data", "capacity 3Gi", |c| {
+        claim_capacity_bytes(c) == Some(3 * GI)
+    })
+    .await;
+    assert!(!has_condition(&claim, CONDITION_FS_RESIZE_PENDING));
+    let volume = volumes(&client).get(&pv_name).await.unwrap();
+    assert_eq!(volume_capacity_bytes(&volume), Some(3 * GI));
+    wait_for_event(
+        &client,
+        "data",
+        "VolumeResizeSuccessful",
+        "Resize volume succeeded",
+    )
+    .await;
+    assert_eq!(backend.expands(), 2, "one failure, one success");
+    controller.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn class_without_allow_volume_expansion_is_not_expanded() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "fixed", ClassSpec::default()).await;
+    create_class(&client, "grow", expandable()).await;
+    let backend = FakeBackend::new();
+    let controller = start(client.clone(), config(), backend.clone(), true);
+    let (_, fixed) = provisioned_claim(&client, "fixed", "fixed").await;
+    provisioned_claim(&client, "barrier", "grow").await;
+    // The API server may refuse the request itself (as the real one does); either way no expand.
+    let patch =
+        serde_json::json!({ "spec": { "resources": { "requests": { "storage": "2Gi" } } } });
+    let _ = claims(&client)
+        .patch("fixed", &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
+    request(&client, "barrier", "2Gi").await;
+    wait_for(&claims(&client), "barrier", "capacity 2Gi", |c| {
+        claim_capacity_bytes(c) == Some(2 * GI)
+    })
+    .await;
+    assert_eq!(backend.expands(), 1);
+    let fixed = volumes(&client)
+        .get(fixed.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(volume_capacity_bytes(&fixed), Some(GI));
+    controller.stop().await.unwrap();
+}

@@ -1,0 +1,149 @@
+//! Leader election between controllers.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, PostParams};
+use kube_emulator::Emulator;
+use provisioner::ControllerError;
+use provisioner::leader::lease_name_for;
+
+use crate::common::backend::FakeBackend;
+use crate::common::*;
+
+fn holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+}
+
+async fn wait_for_holder(client: &kube::Client, identity: &str) -> Lease {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    wait_for(&leases, &lease_name_for(PROVISIONER), identity, |l| {
+        holder(l) == Some(identity)
+    })
+    .await
+}
+
+async fn bind_all(client: &kube::Client, prefix: &str, count: usize) {
+    for i in 0..count {
+        create_claim(client, &claim(&format!("{prefix}-{i}"), "fast", "1Gi")).await;
+    }
+    for i in 0..count {
+        wait_for(&claims(client), &format!("{prefix}-{i}"), "Bound", |c| {
+            phase(c) == Some("Bound")
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn only_the_leader_provisions_and_a_successor_takes_over_after_release() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "fast", ClassSpec::default()).await;
+    let (backend_a, backend_b) = (FakeBackend::new(), FakeBackend::new());
+    let a = start_elected(client.clone(), config(), backend_a.clone(), "a");
+    let lease = wait_for_holder(&client, "a").await;
+    assert_eq!(lease.spec.as_ref().unwrap().lease_duration_seconds, Some(1));
+    let b = start_elected(client.clone(), config(), backend_b.clone(), "b");
+
+    bind_all(&client, "first", 10).await;
+    assert_eq!(backend_a.provisions(), 10);
+    assert_eq!(backend_b.provisions(), 0, "the follower does no work");
+
+    a.stop().await.unwrap();
+    wait_for_holder(&client, "b").await;
+    bind_all(&client, "second", 5).await;
+    assert_eq!(backend_a.provisions(), 10);
+    assert_eq!(backend_b.provisions(), 5);
+    b.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn successor_takes_over_after_a_crashed_leader_lease_expires() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "fast", ClassSpec::default()).await;
+    let (backend_a, backend_b) = (FakeBackend::new(), FakeBackend::new());
+    let a = start_elected(client.clone(), config(), backend_a.clone(), "a");
+    wait_for_holder(&client, "a").await;
+    let b = start_elected(client.clone(), config(), backend_b.clone(), "b");
+    a.crash().await; // no release: b must wait for the lease to expire
+    wait_for_holder(&client, "b").await;
+    bind_all(&client, "after", 3).await;
+    assert_eq!(backend_b.provisions(), 3);
+    b.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn lost_lease_stops_all_work() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "fast", ClassSpec::default()).await;
+    let backend = FakeBackend::new();
+    let a = start_elected(client.clone(), config(), backend.clone(), "a");
+    let mut lease = wait_for_holder(&client, "a").await;
+    // Someone else takes the lease (e.g. after a network partition).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    lease.spec.as_mut().unwrap().holder_identity = Some("intruder".to_owned());
+    lease.spec.as_mut().unwrap().lease_duration_seconds = Some(3600);
+    leases
+        .replace(&lease_name_for(PROVISIONER), &PostParams::default(), &lease)
+        .await
+        .unwrap();
+
+    let result = tokio::time::timeout(DEADLINE, a.handle)
+        .await
+        .expect("controller stops")
+        .unwrap();
+    assert!(
+        matches!(result, Err(ControllerError::LeaseLost)),
+        "{result:?}"
+    );
+    create_claim(&client, &claim("orphan", "fast", "1Gi")).await;
+    // Nothing provisions it any more; prove it against a fresh controller that is not elected.
+    let observer = start(client.clone(), config(), FakeBackend::new(), false);
+    wait_for(&claims(&client), "orphan", "Bound", |c| {
+        phase(c) == Some("Bound")
+    })
+    .await;
+    assert_eq!(backend.provisions(), 0);
+    observer.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn two_elected_controllers_racing_over_200_claims_create_one_volume_each() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "fast", ClassSpec::default()).await;
+    let backend = FakeBackend::new();
+    let a = start_elected(client.clone(), config(), Arc::clone(&backend), "a");
+    wait_for_holder(&client, "a").await;
+    let b = start_elected(client.clone(), config(), Arc::clone(&backend), "b");
+    for i in 0..200 {
+        create_claim(&client, &claim(&format!("c-{i}"), "fast", "1Gi")).await;
+        if i == 100 {
+            a.handle.abort(); // the leader dies in the middle of the burst
+        }
+    }
+    for i in 0..200 {
+        wait_for(&claims(&client), &format!("c-{i}"), "Bound", |c| {
+            phase(c) == Some("Bound")
+        })
+        .await;
+    }
+    assert_eq!(backend.volume_count(), 200);
+    assert!(
+        backend.created_by.lock().unwrap().values().all(|&n| n == 1),
+        "one backend volume per claim"
+    );
+    let pvs = volumes(&client).list(&Default::default()).await.unwrap();
+    assert_eq!(pvs.items.len(), 200);
+    b.stop().await.unwrap();
+}

@@ -1,0 +1,9 @@
+//! Controller tests against the in-process `kube_emulator::Emulator` with an in-memory backend.
+//! One test binary (faster to build); each test gets its own emulator.
+
+mod common;
+
+mod delete;
+mod expand;
+mod leader;
+mod provision;
