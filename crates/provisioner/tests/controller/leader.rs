@@ -48,6 +48,24 @@ async fn only_the_leader_provisions_and_a_successor_takes_over_after_release() {
     let a = start_elected(client.clone(), config(), backend_a.clone(), "a");
     let lease = wait_for_holder(&client, "a").await;
     assert_eq!(lease.spec.as_ref().unwrap().lease_duration_seconds, Some(1));
+    // On the wire, MicroTime fields carry exactly six fractional digits.
+    let raw = client
+        .request_text(
+            http::Request::get(format!(
+                "/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{}",
+                lease_name_for(PROVISIONER)
+            ))
+            .body(Vec::new())
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let raw: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    for field in ["renewTime", "acquireTime"] {
+        let time = raw["spec"][field].as_str().unwrap();
+        let fraction = time.split('.').nth(1).unwrap_or_default();
+        assert_eq!(fraction.len(), 7, "{field} = {time}");
+    }
     let b = start_elected(client.clone(), config(), backend_b.clone(), "b");
 
     bind_all(&client, "first", 10).await;

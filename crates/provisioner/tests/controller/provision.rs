@@ -459,3 +459,54 @@ async fn exposes_provisioning_metrics() {
     let _ = stop.send(());
     handle.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn keeps_working_after_watches_are_dropped() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "fast", ClassSpec::default()).await;
+    let backend = FakeBackend::new();
+    let controller = start(client.clone(), config(), backend.clone(), false);
+    provisioned_claim(&client, "before", "fast").await;
+    let dropped = emu.faults().drop_watches("persistentvolumeclaims")
+        + emu.faults().drop_watches("persistentvolumes");
+    assert!(dropped >= 2, "the controller had watches open ({dropped})");
+    provisioned_claim(&client, "after", "fast").await;
+    assert_eq!(backend.provisions(), 2);
+    controller.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn optional_failure_threshold_gives_up_with_a_warning() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "fast", ClassSpec::default()).await;
+    let backend = FakeBackend::new();
+    backend.script((0..10).map(|_| Scripted::Final("quota exceeded")));
+    let mut config = config();
+    config.failure_threshold = Some(3);
+    let controller = start(client.clone(), config, backend.clone(), false);
+    create_claim(&client, &claim("data", "fast", "1Gi")).await;
+    wait_for_event(
+        &client,
+        "data",
+        "ProvisioningFailed",
+        "giving up after 3 failed attempts: quota exceeded",
+    )
+    .await;
+    // Let the barrier (created afterwards) prove the queue moved on without more attempts.
+    backend.script.lock().unwrap().clear();
+    provisioned_claim(&client, "barrier", "fast").await;
+    assert_eq!(
+        backend.provisions(),
+        4,
+        "three attempts for data, one for the barrier"
+    );
+    assert_eq!(
+        phase(&claims(&client).get("data").await.unwrap()),
+        Some("Pending")
+    );
+    controller.stop().await.unwrap();
+}
