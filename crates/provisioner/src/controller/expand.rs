@@ -222,12 +222,18 @@ async fn update_claim_status(
             "lastTransitionTime": Time(Timestamp::now()),
             "message": "Waiting for user to (re-)start a pod to finish file system resize of volume on node.",
         }));
-        serde_json::json!({ "conditions": conditions, "allocatedResources": { "storage": size } })
+        serde_json::json!({
+            "conditions": conditions,
+            "allocatedResources": { "storage": size },
+            // What the kubelet looks at (RecoverVolumeExpansionFailure) to grow the filesystem.
+            "allocatedResourceStatuses": { "storage": "NodeResizePending" },
+        })
     } else {
         serde_json::json!({
             "conditions": conditions,
             "capacity": { "storage": size },
             "allocatedResources": { "storage": size },
+            "allocatedResourceStatuses": null,
         })
     };
     api.patch_status(

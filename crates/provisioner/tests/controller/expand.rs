@@ -58,6 +58,12 @@ async fn expansion_needing_node_sets_file_system_resize_pending() {
         Some(GI),
         "capacity waits for the node"
     );
+    let status = claim.status.clone().unwrap();
+    assert_eq!(status.allocated_resources.unwrap()["storage"].0, "2Gi");
+    assert_eq!(
+        status.allocated_resource_statuses.unwrap()["storage"],
+        "NodeResizePending"
+    );
     wait_for_event(&client, "data", "Resizing", &pv_name).await;
     wait_for_event(
         &client,
@@ -144,5 +150,48 @@ async fn class_without_allow_volume_expansion_is_not_expanded() {
         .await
         .unwrap();
     assert_eq!(volume_capacity_bytes(&fixed), Some(GI));
+    controller.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn expansion_interrupted_after_volume_grew_converges() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "grow", expandable()).await;
+    let backend = FakeBackend::new();
+    let controller = start(client.clone(), config(), backend.clone(), true);
+    let (_, volume) = provisioned_claim(&client, "data", "grow").await;
+    let pv_name = volume.metadata.name.clone().unwrap();
+    // The PV capacity write succeeds, the claim status write fails: a half-done resize.
+    emu.faults()
+        .fail_next("patch", "persistentvolumeclaims/status", 1, 500);
+    request(&client, "data", "2Gi").await;
+    wait_for_event(
+        &client,
+        "data",
+        "VolumeResizeFailed",
+        "updating the status of the claim failed",
+    )
+    .await;
+    let claim = wait_for(&claims(&client), "data", "capacity 2Gi", |c| {
+        claim_capacity_bytes(c) == Some(2 * GI)
+    })
+    .await;
+    assert!(
+        claim
+            .status
+            .unwrap()
+            .allocated_resource_statuses
+            .is_none_or(|s| s.is_empty())
+    );
+    let volume = volumes(&client).get(&pv_name).await.unwrap();
+    assert_eq!(volume_capacity_bytes(&volume), Some(2 * GI));
+    assert_eq!(
+        backend.expands(),
+        2,
+        "the idempotent expand is repeated, nothing else"
+    );
+    assert_eq!(backend.volumes.lock().unwrap()[&pv_name], 2 * GI);
     controller.stop().await.unwrap();
 }

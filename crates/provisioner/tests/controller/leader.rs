@@ -73,7 +73,14 @@ async fn only_the_leader_provisions_and_a_successor_takes_over_after_release() {
     assert_eq!(backend_b.provisions(), 0, "the follower does no work");
 
     a.stop().await.unwrap();
+    let released = tokio::time::Instant::now();
     wait_for_holder(&client, "b").await;
+    // Released, not expired: the successor need not wait out the 1.5 s lease.
+    assert!(
+        released.elapsed() < std::time::Duration::from_millis(1000),
+        "{:?}",
+        released.elapsed()
+    );
     bind_all(&client, "second", 5).await;
     assert_eq!(backend_a.provisions(), 10);
     assert_eq!(backend_b.provisions(), 5);
