@@ -5,5 +5,6 @@ mod common;
 
 mod delete;
 mod expand;
+mod failures;
 mod leader;
 mod provision;

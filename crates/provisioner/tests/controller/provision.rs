@@ -1,14 +1,12 @@
 //! Provisioning flow.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube_emulator::Emulator;
 use provisioner::ownership::ANN_SELECTED_NODE;
 use provisioner::pv::ANN_PROVISIONED_BY;
-use tokio::sync::Semaphore;
 
 use crate::common::backend::{FakeBackend, Scripted};
 use crate::common::*;
@@ -111,92 +109,6 @@ async fn does_nothing_when_volume_already_exists() {
         "only the barrier claim reaches the backend"
     );
     assert!(!backend.has_volume(&pv_name));
-    controller.stop().await.unwrap();
-}
-
-#[tokio::test]
-async fn pv_save_failure_deletes_backend_volume_then_retries() {
-    init_tracing();
-    let emu = Emulator::new();
-    let client = emu.client();
-    create_class(&client, "fast", ClassSpec::default()).await;
-    let backend = FakeBackend::new();
-    // Every save attempt of the first round fails; the cleanup delete fails once too.
-    emu.faults()
-        .fail_next("create", "persistentvolumes", 3, 500);
-    backend.fail_deletes(1);
-    let controller = start(client.clone(), config(), backend.clone(), false);
-
-    let created = create_claim(&client, &claim("data", "fast", "1Gi")).await;
-    let pv_name = format!("pvc-{}", uid(&created));
-    wait_for_event(&client, "data", "ProvisioningCleanupFailed", &pv_name).await;
-    wait_for_event(
-        &client,
-        "data",
-        "ProvisioningFailed",
-        "failed to save PersistentVolume",
-    )
-    .await;
-    wait_for(&claims(&client), "data", "Bound", |c| {
-        phase(c) == Some("Bound")
-    })
-    .await;
-    assert!(
-        backend.deletes() >= 1,
-        "the backend volume was deleted after the save failed"
-    );
-    assert!(backend.provisions() >= 2);
-    assert_eq!(
-        backend.volume_count(),
-        1,
-        "exactly one backend volume in the end"
-    );
-    controller.stop().await.unwrap();
-}
-
-#[tokio::test]
-async fn retries_forever_and_says_it_is_still_failing() {
-    init_tracing();
-    let emu = Emulator::new();
-    let client = emu.client();
-    create_class(&client, "fast", ClassSpec::default()).await;
-    let backend = FakeBackend::new();
-    backend.script((0..5).map(|_| Scripted::Final("pool rbd is full")));
-    let controller = start(client.clone(), config(), backend.clone(), false);
-
-    create_claim(&client, &claim("data", "fast", "1Gi")).await;
-    let first = wait_for_event(
-        &client,
-        "data",
-        "ProvisioningFailed",
-        "failed to provision volume with StorageClass \"fast\": pool rbd is full",
-    )
-    .await;
-    assert_eq!(first.type_.as_deref(), Some("Warning"));
-    let still = wait_for_event(
-        &client,
-        "data",
-        "ProvisioningFailed",
-        "still failing after 4 attempts",
-    )
-    .await;
-    assert!(still.message.unwrap().contains("pool rbd is full"));
-    wait_for(&claims(&client), "data", "Bound", |c| {
-        phase(c) == Some("Bound")
-    })
-    .await;
-    assert_eq!(backend.provisions(), 6);
-    // Repeats of the same message are aggregated into one Event with a count.
-    let repeated = events_for(&client, "data")
-        .await
-        .into_iter()
-        .find(|e| {
-            e.message
-                .as_deref()
-                .is_some_and(|m| m.starts_with("failed to provision"))
-        })
-        .unwrap();
-    assert!(repeated.count.unwrap_or(0) >= 2, "{repeated:?}");
     controller.stop().await.unwrap();
 }
 
@@ -320,79 +232,6 @@ async fn reschedule_clears_selected_node() {
 }
 
 #[tokio::test]
-async fn in_background_provisioning_is_cleaned_up_after_claim_deletion() {
-    init_tracing();
-    let emu = Emulator::new();
-    let client = emu.client();
-    create_class(&client, "fast", ClassSpec::default()).await;
-    let backend = FakeBackend::new();
-    backend.script((0..3).map(|_| Scripted::InBackground("image creation timed out")));
-    let controller = start(client.clone(), config(), backend.clone(), false);
-
-    let created = create_claim(&client, &claim("data", "fast", "1Gi")).await;
-    let pv_name = format!("pvc-{}", uid(&created));
-    wait_for_event(
-        &client,
-        "data",
-        "ProvisioningFailed",
-        "image creation timed out",
-    )
-    .await;
-    assert!(backend.has_volume(&pv_name));
-    claims(&client)
-        .delete("data", &Default::default())
-        .await
-        .unwrap();
-    wait_until("the orphaned backend volume is deleted", || {
-        !backend.has_volume(&pv_name)
-    })
-    .await;
-    assert!(
-        volumes(&client).get_opt(&pv_name).await.unwrap().is_none(),
-        "no PV for a deleted claim"
-    );
-    controller.stop().await.unwrap();
-}
-
-#[tokio::test]
-async fn restart_between_backend_create_and_pv_save_converges() {
-    init_tracing();
-    let emu = Emulator::new();
-    let client = emu.client();
-    create_class(&client, "fast", ClassSpec::default()).await;
-    let backend = FakeBackend::new();
-    // The first instance creates the volume and then hangs before returning: crash it there.
-    *backend.gate.lock().unwrap() = Some(Arc::new(Semaphore::new(0)));
-    let first = start(client.clone(), config(), backend.clone(), false);
-    let created = create_claim(&client, &claim("data", "fast", "1Gi")).await;
-    let pv_name = format!("pvc-{}", uid(&created));
-    wait_until("the first instance created the volume", || {
-        backend.has_volume(&pv_name)
-    })
-    .await;
-    first.crash().await;
-
-    *backend.gate.lock().unwrap() = None;
-    let second = start(client.clone(), config(), backend.clone(), false);
-    wait_for(&claims(&client), "data", "Bound", |c| {
-        phase(c) == Some("Bound")
-    })
-    .await;
-    assert_eq!(
-        backend.provisions(),
-        2,
-        "the restarted instance asked the backend again"
-    );
-    assert_eq!(
-        backend.volume_count(),
-        1,
-        "and got the same volume, not a second one"
-    );
-    assert_eq!(backend.created_by.lock().unwrap()[&pv_name], 1);
-    second.stop().await.unwrap();
-}
-
-#[tokio::test]
 async fn claims_of_other_provisioners_are_left_alone() {
     init_tracing();
     let emu = Emulator::new();
@@ -458,55 +297,4 @@ async fn exposes_provisioning_metrics() {
     }
     let _ = stop.send(());
     handle.await.unwrap().unwrap();
-}
-
-#[tokio::test]
-async fn keeps_working_after_watches_are_dropped() {
-    init_tracing();
-    let emu = Emulator::new();
-    let client = emu.client();
-    create_class(&client, "fast", ClassSpec::default()).await;
-    let backend = FakeBackend::new();
-    let controller = start(client.clone(), config(), backend.clone(), false);
-    provisioned_claim(&client, "before", "fast").await;
-    let dropped = emu.faults().drop_watches("persistentvolumeclaims")
-        + emu.faults().drop_watches("persistentvolumes");
-    assert!(dropped >= 2, "the controller had watches open ({dropped})");
-    provisioned_claim(&client, "after", "fast").await;
-    assert_eq!(backend.provisions(), 2);
-    controller.stop().await.unwrap();
-}
-
-#[tokio::test]
-async fn optional_failure_threshold_gives_up_with_a_warning() {
-    init_tracing();
-    let emu = Emulator::new();
-    let client = emu.client();
-    create_class(&client, "fast", ClassSpec::default()).await;
-    let backend = FakeBackend::new();
-    backend.script((0..10).map(|_| Scripted::Final("quota exceeded")));
-    let mut config = config();
-    config.failure_threshold = Some(3);
-    let controller = start(client.clone(), config, backend.clone(), false);
-    create_claim(&client, &claim("data", "fast", "1Gi")).await;
-    wait_for_event(
-        &client,
-        "data",
-        "ProvisioningFailed",
-        "giving up after 3 failed attempts: quota exceeded",
-    )
-    .await;
-    // Let the barrier (created afterwards) prove the queue moved on without more attempts.
-    backend.script.lock().unwrap().clear();
-    provisioned_claim(&client, "barrier", "fast").await;
-    assert_eq!(
-        backend.provisions(),
-        4,
-        "three attempts for data, one for the barrier"
-    );
-    assert_eq!(
-        phase(&claims(&client).get("data").await.unwrap()),
-        Some("Pending")
-    );
-    controller.stop().await.unwrap();
 }
