@@ -33,18 +33,45 @@ fn timed<T>(f: impl FnOnce() -> T) -> (Duration, T) {
 }
 
 fn main() {
-    let rounds: usize = std::env::var("ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
     let cluster = micro_ceph::MicroCeph::start().unwrap_or_else(|e| panic!("micro-ceph: {e}"));
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap_or_else(|e| panic!("{e}"));
-    let cfg = ClusterConfig::new(cluster.monitors.clone(), "admin", Secret::new(cluster.admin_key.clone()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let cfg = ClusterConfig::new(
+        cluster.monitors.clone(),
+        "admin",
+        Secret::new(cluster.admin_key.clone()),
+    );
     let pool = cluster.pool.clone();
-    let conn = rt.block_on(ConnectionPool::default().get(&cfg)).unwrap_or_else(|e| panic!("{e}"));
+    let conn = rt
+        .block_on(ConnectionPool::default().get(&cfg))
+        .unwrap_or_else(|e| panic!("{e}"));
 
     let ops = ["create", "stat", "watchers", "resize", "remove"];
-    let mut series: Vec<Series> = ops.iter().map(|op| Series { op, lib: vec![], cli: vec![] }).collect();
+    let mut series: Vec<Series> = ops
+        .iter()
+        .map(|op| Series {
+            op,
+            lib: vec![],
+            cli: vec![],
+        })
+        .collect();
     let run_cli = |args: &[&str]| {
-        let out = cluster.cli("rbd").args(args).output().unwrap_or_else(|e| panic!("rbd: {e}"));
-        assert!(out.status.success(), "rbd {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = cluster
+            .cli("rbd")
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("rbd: {e}"));
+        assert!(
+            out.status.success(),
+            "rbd {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     for i in 0..rounds {
         // through the crate
@@ -83,8 +110,14 @@ fn main() {
         }
     }
 
-    println!("ceph-rbd vs rbd CLI, {rounds} rounds, {} MiB images, memstore micro-ceph", SIZE >> 20);
-    println!("{:<10} {:>11} {:>11} {:>11} {:>11} {:>8}", "op", "crate p50", "crate p99", "cli p50", "cli p99", "p50 x");
+    println!(
+        "ceph-rbd vs rbd CLI, {rounds} rounds, {} MiB images, memstore micro-ceph",
+        SIZE >> 20
+    );
+    println!(
+        "{:<10} {:>11} {:>11} {:>11} {:>11} {:>8}",
+        "op", "crate p50", "crate p99", "cli p50", "cli p99", "p50 x"
+    );
     let mut json = Vec::new();
     for s in &mut series {
         let (lp50, lp99) = (percentile(&mut s.lib, 0.5), percentile(&mut s.lib, 0.99));
@@ -92,7 +125,12 @@ fn main() {
         let ratio = ms(cp50) / ms(lp50).max(0.001);
         println!(
             "{:<10} {:>9.2}ms {:>9.2}ms {:>9.2}ms {:>9.2}ms {:>7.1}x",
-            s.op, ms(lp50), ms(lp99), ms(cp50), ms(cp99), ratio
+            s.op,
+            ms(lp50),
+            ms(lp99),
+            ms(cp50),
+            ms(cp99),
+            ratio
         );
         json.push(format!(
             "{{\"op\":\"{}\",\"crate_p50_ms\":{:.3},\"crate_p99_ms\":{:.3},\"cli_p50_ms\":{:.3},\"cli_p99_ms\":{:.3},\"ratio_p50\":{:.2}}}",
@@ -102,7 +140,12 @@ fn main() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench");
     let _ = std::fs::create_dir_all(&dir);
     let path = dir.join("ceph-rbd-ops.json");
-    if std::fs::write(&path, format!("{{\"rounds\":{rounds},\"ops\":[{}]}}\n", json.join(","))).is_ok() {
+    if std::fs::write(
+        &path,
+        format!("{{\"rounds\":{rounds},\"ops\":[{}]}}\n", json.join(",")),
+    )
+    .is_ok()
+    {
         println!("wrote {}", path.display());
     }
 }

@@ -149,7 +149,7 @@ async fn remove_of_a_watched_image_is_refused_naming_the_watcher() {
         .create_image(&pool, &name, MIB, &CreateOptions::default())
         .await
         .unwrap();
-    let guard = WatchGuard::start(&pool, &name);
+    let guard = micro_ceph::ImageHolder::open(micro_ceph::cluster(), &pool, &name).unwrap();
     let watchers = cluster.watchers(&pool, &name).await.unwrap();
     assert!(
         watchers[0].address.starts_with("127.0.0.1:"),

@@ -187,6 +187,56 @@ impl MicroCeph {
     }
 }
 
+/// Holds an image open read-write from a separate client process (python-rbd), the way a node
+/// that mapped it would: the image has a watcher until the holder is dropped.
+pub struct ImageHolder(std::process::Child);
+
+const HOLD_IMAGE_OPEN: &str = "import sys, rados, rbd
+c = rados.Rados(conffile=sys.argv[1]); c.connect()
+io = c.open_ioctx(sys.argv[2]); img = rbd.Image(io, sys.argv[3])
+print('open', flush=True); sys.stdin.read()";
+
+impl ImageHolder {
+    /// Opens `pool/image` and returns once the image is open.
+    pub fn open(cluster: &MicroCeph, pool: &str, image: &str) -> Result<ImageHolder, Error> {
+        use std::io::BufRead;
+        let io_err = |what: &str| {
+            let what = what.to_string();
+            move |source| Error::Io { what, source }
+        };
+        let mut child = Command::new("/usr/bin/python3")
+            .args(["-c", HOLD_IMAGE_OPEN])
+            .arg(&cluster.conf_path)
+            .args([pool, image])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(io_err("starting the image holder"))?;
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            std::io::BufReader::new(out)
+                .read_line(&mut line)
+                .map_err(io_err("reading the image holder"))?;
+        }
+        let holder = ImageHolder(child);
+        if line.trim() != "open" {
+            return Err(Error::Io {
+                what: format!("opening {pool}/{image} in the holder"),
+                source: io::Error::other("the holder exited without opening the image"),
+            });
+        }
+        Ok(holder)
+    }
+}
+
+impl Drop for ImageHolder {
+    /// Closing stdin lets the client close the image cleanly, so its watch ends at once.
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for MicroCeph {
     fn drop(&mut self) {
         if self.stop_on_drop {
