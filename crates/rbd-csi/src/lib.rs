@@ -1,1 +1,37 @@
-//! rbd-csi
+//! CSI driver services for Ceph RBD volumes: Identity, Controller and Node on a unix socket,
+//! plus kubelet plugin registration, so one binary replaces ceph-csi's plugin and its sidecars.
+//!
+//! Start with [`serve`] and [`CsiConfig`]:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), rbd_csi::CsiError> {
+//! let config = rbd_csi::CsiConfig {
+//!     endpoint: "/csi/csi.sock".into(),
+//!     services: rbd_csi::Services::Node,
+//!     ..rbd_csi::CsiConfig::default()
+//! };
+//! rbd_csi::serve(config, async { let _ = tokio::signal::ctrl_c().await; }).await
+//! # }
+//! ```
+//!
+//! Module map: [`identity`], [`node`] (+ [`mapper`] for krbd / rbd-nbd / rbd-fuse+loop),
+//! [`registration`], [`server`]; pure helpers in [`volume`] (volume IDs, image names, sizes).
+
+pub mod config;
+pub mod exec;
+pub mod fs;
+pub mod identity;
+pub mod locks;
+pub mod mapper;
+pub mod mount;
+pub mod node;
+pub mod proto;
+pub mod registration;
+pub mod server;
+pub mod status;
+pub mod volume;
+
+pub use config::{CsiConfig, DEFAULT_DRIVER_NAME, ProbeCluster, Services};
+pub use mapper::MounterKind;
+pub use registration::RegistrationConfig;
+pub use server::{CsiError, serve};

@@ -1,0 +1,15 @@
+//! Generates the CSI v1 and kubelet plugin-registration gRPC code from the vendored protos with
+//! protox (a pure-Rust protobuf compiler: no `protoc` needed on the build machine).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/csi.proto", "proto/pluginregistration.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! [`CsiConfig`]: what [`crate::serve`] serves and how. Every field has a documented default
+//! ([`CsiConfig::default`]).
+
+use std::path::PathBuf;
+
+use crate::mapper::MounterKind;
+use crate::node::NodeConfig;
+use crate::registration::RegistrationConfig;
+
+/// Default CSI driver name.
+///
+/// Chosen so it cannot be confused with ceph-csi's `rbd.csi.ceph.com` (both drivers can be
+/// installed side by side, and a PV's `spec.csi.driver` says unambiguously which one mounts it),
+/// while naming the product (`rbd-provisioner`, successor of `ceph.com/rbd`) in DNS-name form as
+/// the CSI spec requires (at most 63 characters, alphanumerics, `-` and `.`).
+pub const DEFAULT_DRIVER_NAME: &str = "rbd.provisioner.ceph.io";
+
+/// Which CSI services one process serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Services {
+    /// Identity + Controller (the Deployment).
+    Controller,
+    /// Identity + Node (the per-node DaemonSet).
+    Node,
+    /// Identity + Controller + Node (single-node setups, tests).
+    #[default]
+    All,
+}
+
+impl Services {
+    /// Parses `controller`, `node` or `all`.
+    ///
+    /// # Errors
+    /// A message naming the unknown value.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            "controller" => Ok(Self::Controller),
+            "node" => Ok(Self::Node),
+            "all" => Ok(Self::All),
+            other => Err(format!(
+                "unknown CSI service set {other:?} (expected controller, node or all)"
+            )),
+        }
+    }
+
+    #[must_use]
+    pub fn controller(self) -> bool {
+        matches!(self, Self::Controller | Self::All)
+    }
+
+    #[must_use]
+    pub fn node(self) -> bool {
+        matches!(self, Self::Node | Self::All)
+    }
+}
+
+/// A Ceph cluster Probe checks (Identity `Probe` reports ready only while it is reachable).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProbeCluster {
+    /// Comma-separated `host:port` monitor list.
+    pub monitors: String,
+    /// Ceph user id without `client.`.
+    pub user: String,
+    /// The user's key.
+    pub key: String,
+}
+
+impl std::fmt::Debug for ProbeCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeCluster")
+            .field("monitors", &self.monitors)
+            .field("user", &self.user)
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Configuration of the CSI server.
+#[derive(Debug, Clone)]
+pub struct CsiConfig {
+    /// Unix socket the CSI services listen on (a stale socket file is replaced).
+    /// Default `/csi/csi.sock`.
+    pub endpoint: PathBuf,
+    /// Driver name (GetPluginInfo, kubelet registration, image owner metadata).
+    /// Default [`DEFAULT_DRIVER_NAME`].
+    pub driver_name: String,
+    /// Services to serve. Default [`Services::All`].
+    pub services: Services,
+    /// Node ID reported by NodeGetInfo (the Kubernetes node name). Default: the host name.
+    pub node_id: String,
+    /// Mapper for volumes whose `mounter` attribute is unset. Default [`MounterKind::Krbd`].
+    pub default_mounter: MounterKind,
+    /// Private runtime directory (key files, rbd-fuse instances); must be on tmpfs in
+    /// production so keys never reach a disk. Default `/run/rbd-csi`.
+    pub runtime_dir: PathBuf,
+    /// Extra `rbd map -o` options for krbd. Default none.
+    pub krbd_map_options: Option<String>,
+    /// NodeGetInfo `max_volumes_per_node`; 0 = unlimited. Default 0.
+    pub max_volumes_per_node: i64,
+    /// Kubelet plugin registration (node service only). Default `None` (not registering).
+    pub registration: Option<RegistrationConfig>,
+    /// Cluster checked by Probe. Default `None` (Probe always ready).
+    pub probe: Option<ProbeCluster>,
+    /// Monitors used by CreateVolume/GetCapacity when the parameters name none. Default `None`
+    /// (the `monitors` parameter is then required).
+    pub default_monitors: Option<String>,
+}
+
+impl Default for CsiConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: PathBuf::from("/csi/csi.sock"),
+            driver_name: DEFAULT_DRIVER_NAME.to_owned(),
+            services: Services::All,
+            node_id: hostname(),
+            default_mounter: MounterKind::Krbd,
+            runtime_dir: PathBuf::from("/run/rbd-csi"),
+            krbd_map_options: None,
+            max_volumes_per_node: 0,
+            registration: None,
+            probe: None,
+            default_monitors: None,
+        }
+    }
+}
+
+impl CsiConfig {
+    /// The node service's part of the configuration.
+    #[must_use]
+    pub fn node_config(&self) -> NodeConfig {
+        NodeConfig {
+            node_id: self.node_id.clone(),
+            default_mounter: self.default_mounter,
+            runtime_dir: self.runtime_dir.clone(),
+            krbd_map_options: self.krbd_map_options.clone(),
+            max_volumes_per_node: self.max_volumes_per_node,
+        }
+    }
+}
+
+/// This machine's host name (`uname -n`), `localhost` if unavailable.
+#[must_use]
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_documented_values() {
+        let c = CsiConfig::default();
+        assert_eq!(c.endpoint, PathBuf::from("/csi/csi.sock"));
+        assert_eq!(c.driver_name, "rbd.provisioner.ceph.io");
+        assert_eq!(c.services, Services::All);
+        assert_eq!(c.default_mounter, MounterKind::Krbd);
+        assert!(!c.node_id.is_empty());
+    }
+
+    #[test]
+    fn services_parse() {
+        assert!(Services::parse("controller").unwrap().controller());
+        assert!(!Services::parse("node").unwrap().controller());
+        assert!(Services::parse("all").unwrap().node());
+        assert!(Services::parse("both").is_err());
+    }
+
+    #[test]
+    fn probe_cluster_debug_hides_key() {
+        let p = ProbeCluster {
+            monitors: "m".into(),
+            user: "u".into(),
+            key: "AQBsecret".into(),
+        };
+        assert!(!format!("{p:?}").contains("AQB"));
+    }
+}

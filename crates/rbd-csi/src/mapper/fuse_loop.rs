@@ -1,0 +1,480 @@
+//! `rbd-fuse` + loop device: the mapper for nodes without the `rbd`/`nbd` kernel modules.
+//!
+//! Flow of [`FuseLoopMapper::map`]:
+//! 1. One `rbd-fuse` instance per (monitors, pool, user) serves every image of that pool as a
+//!    file. Its directory `<runtime>/fuse/<hash>/` (mode 0700) holds a private `ceph.conf` and
+//!    `keyring` (both 0600, the key never on argv), the mount point `mnt/` and `rbd-fuse.log`.
+//!    The first map starts `rbd-fuse -f` as a child of the plugin and waits for the mount.
+//! 2. `losetup -f --show <mnt>/<image>` attaches the image file to a free loop device (an
+//!    existing loop device on that file is reused, so a repeated map is idempotent).
+//!
+//! [`FuseLoopMapper::unmap`] detaches the loop device, and when no loop device uses a file of
+//! that `rbd-fuse` mount any more, unmounts it (the process exits), waits for the process to be
+//! gone and removes the key files.
+//!
+//! **Guarantees**: the reference count is derived from the kernel's loop devices
+//! (`/sys/block/loop*/loop/backing_file`), not from memory, so it is right after a plugin restart.
+//! Instance management is serialised by one mutex (these calls take milliseconds).
+//!
+//! **Caveats**: `rbd-fuse` caches an image's size when it opens it, so after a resize
+//! [`Mapper::refresh_size`] truncates the image file up to the new size (rbd-fuse turns that into
+//! a no-op `rbd_resize`) and re-reads the loop capacity. Never delete files under the mount: an
+//! unlink there removes the RBD image.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::{Mutex, oneshot};
+
+use super::secret_file::{private_dir, write_private};
+use super::{ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind, parse_device_output};
+use crate::{exec, mount};
+
+/// How long to wait for an `rbd-fuse` mount to appear or a process to exit.
+const FUSE_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(20);
+
+/// The `rbd-fuse` instance and image file behind a loop device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FuseAttachment {
+    /// `<runtime>/fuse/<hash>`.
+    pub instance_dir: PathBuf,
+    /// The `rbd-fuse` mount point (`<instance_dir>/mnt`).
+    pub mount_point: PathBuf,
+    /// `<mount_point>/<image>`: the loop device's backing file.
+    pub image_file: PathBuf,
+}
+
+/// The fuse-loop mapper.
+#[derive(Debug)]
+pub struct FuseLoopMapper {
+    fuse_dir: PathBuf,
+    /// Exit notifications of the `rbd-fuse` children this process started, by mount point.
+    children: Mutex<HashMap<PathBuf, oneshot::Receiver<()>>>,
+}
+
+impl FuseLoopMapper {
+    /// A mapper keeping its `rbd-fuse` instances under `<runtime_dir>/fuse`.
+    #[must_use]
+    pub fn new(runtime_dir: &Path) -> Self {
+        Self {
+            fuse_dir: runtime_dir.join("fuse"),
+            children: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn instance_dir(&self, image: &ImageSpec) -> PathBuf {
+        self.fuse_dir.join(instance_id(image))
+    }
+
+    /// Starts `rbd-fuse` for the instance unless it is already mounted.
+    async fn ensure_instance(
+        &self,
+        children: &mut HashMap<PathBuf, oneshot::Receiver<()>>,
+        dir: &Path,
+        image: &ImageSpec,
+        key: &Key,
+    ) -> Result<PathBuf, MapError> {
+        let mnt = dir.join("mnt");
+        if is_fuse_mount(&mnt)? {
+            return Ok(mnt);
+        }
+        private_dir(dir).map_err(|e| MapError::io("creating", dir.display(), e))?;
+        std::fs::create_dir_all(&mnt).map_err(|e| MapError::io("creating", mnt.display(), e))?;
+        let keyring = dir.join("keyring");
+        let conf = dir.join("ceph.conf");
+        write_private(&keyring, &keyring_text(&image.user, key))
+            .map_err(|e| MapError::io("writing", keyring.display(), e))?;
+        write_private(&conf, &conf_text(&image.monitors, &keyring))
+            .map_err(|e| MapError::io("writing", conf.display(), e))?;
+        let log_path = dir.join("rbd-fuse.log");
+        let log = std::fs::File::create(&log_path)
+            .map_err(|e| MapError::io("creating", log_path.display(), e))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| MapError::io("opening", log_path.display(), e))?;
+        let args = fuse_args(&conf, image, &mnt);
+        tracing::info!(pool = %image.pool, user = %image.user, mount_point = %mnt.display(), "starting rbd-fuse");
+        let mut child = tokio::process::Command::new("rbd-fuse")
+            .args(&args)
+            .env_remove("CEPH_ARGS")
+            .env_remove("CEPH_CONF")
+            .env_remove("CEPH_KEYRING")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .map_err(|source| {
+                MapError::Exec(exec::ExecError::Spawn {
+                    program: "rbd-fuse".into(),
+                    source,
+                })
+            })?;
+        let deadline = Instant::now() + FUSE_TIMEOUT;
+        loop {
+            if is_fuse_mount(&mnt)? {
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                remove_instance_files(dir);
+                return Err(MapError::Exec(exec::ExecError::Failed {
+                    command: exec::describe(
+                        "rbd-fuse",
+                        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+                    ),
+                    status: status.to_string(),
+                    code: status.code(),
+                    stderr: log_tail(&log_path),
+                }));
+            }
+            if Instant::now() > deadline {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                remove_instance_files(dir);
+                return Err(MapError::Timeout(format!(
+                    "rbd-fuse for pool {} did not mount within {FUSE_TIMEOUT:?}: {}",
+                    image.pool,
+                    log_tail(&log_path)
+                )));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        // Reap the child when it exits (after its mount goes away), and tell unmap.
+        let (tx, rx) = oneshot::channel();
+        let reaped_mnt = mnt.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            tracing::info!(mount_point = %reaped_mnt.display(), status = ?status.ok(), "rbd-fuse exited");
+            let _ = tx.send(());
+        });
+        children.insert(mnt.clone(), rx);
+        Ok(mnt)
+    }
+
+    /// Unmounts an instance no loop device uses any more, waits for its process, removes its files.
+    async fn teardown_instance(
+        &self,
+        children: &mut HashMap<PathBuf, oneshot::Receiver<()>>,
+        fuse: &FuseAttachment,
+    ) -> Result<(), MapError> {
+        let mnt = &fuse.mount_point;
+        let deadline = Instant::now() + FUSE_TIMEOUT;
+        while is_fuse_mount(mnt)? {
+            match mount::unmount(mnt) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                    // The kernel may still be releasing the loop device's file.
+                    tokio::time::sleep(POLL).await;
+                }
+                Err(e) => return Err(MapError::io("unmounting", mnt.display(), e)),
+            }
+        }
+        if let Some(exited) = children.remove(mnt) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, exited).await.is_err() {
+                return Err(MapError::Timeout(format!(
+                    "rbd-fuse serving {} did not exit within {FUSE_TIMEOUT:?} of its unmount",
+                    mnt.display()
+                )));
+            }
+        } else {
+            // Started by an earlier incarnation of the plugin: watch /proc instead.
+            while fuse_process_running(mnt) {
+                if Instant::now() > deadline {
+                    return Err(MapError::Timeout(format!(
+                        "rbd-fuse serving {} still running {FUSE_TIMEOUT:?} after its unmount",
+                        mnt.display()
+                    )));
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        }
+        remove_instance_files(&fuse.instance_dir);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Mapper for FuseLoopMapper {
+    fn kind(&self) -> MounterKind {
+        MounterKind::FuseLoop
+    }
+
+    async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError> {
+        let mut children = self.children.lock().await;
+        let dir = self.instance_dir(image);
+        let mnt = self
+            .ensure_instance(&mut children, &dir, image, key)
+            .await?;
+        let attachment = FuseAttachment {
+            instance_dir: dir,
+            mount_point: mnt.clone(),
+            image_file: mnt.join(&image.image),
+        };
+        if let Some(device) = loop_device_for(&attachment.image_file) {
+            return Ok(MappedDevice {
+                mounter: MounterKind::FuseLoop,
+                device,
+                fuse: Some(attachment),
+            });
+        }
+        if !attachment.image_file.exists() {
+            if loop_devices_under(&mnt).is_empty() {
+                self.teardown_instance(&mut children, &attachment).await?;
+            }
+            return Err(MapError::ImageNotFound {
+                pool: image.pool.clone(),
+                image: image.image.clone(),
+            });
+        }
+        let file = attachment.image_file.to_string_lossy().into_owned();
+        match exec::run("losetup", &["-f", "--show", &file]).await {
+            Ok(out) => Ok(MappedDevice {
+                mounter: MounterKind::FuseLoop,
+                device: parse_device_output("losetup", &out.stdout)?,
+                fuse: Some(attachment),
+            }),
+            Err(e) => {
+                if loop_devices_under(&mnt).is_empty() {
+                    let _ = self.teardown_instance(&mut children, &attachment).await;
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn unmap(&self, mapped: &MappedDevice) -> Result<(), MapError> {
+        let Some(fuse) = &mapped.fuse else {
+            return Err(MapError::WrongMapper {
+                device: mapped.device.display().to_string(),
+                recorded: mapped.mounter,
+                expected: MounterKind::FuseLoop,
+            });
+        };
+        let mut children = self.children.lock().await;
+        // Detach only if the loop device still serves our file (its number may have been reused).
+        if backing_file(&mapped.device).as_deref() == Some(fuse.image_file.as_path()) {
+            exec::run("losetup", &["-d", &mapped.device.to_string_lossy()]).await?;
+            wait_detached(&mapped.device, &fuse.image_file).await?;
+        }
+        if loop_devices_under(&fuse.mount_point).is_empty() {
+            self.teardown_instance(&mut children, fuse).await?;
+        }
+        Ok(())
+    }
+
+    async fn refresh_size(&self, mapped: &MappedDevice, new_size: u64) -> Result<(), MapError> {
+        let Some(fuse) = &mapped.fuse else {
+            return Ok(());
+        };
+        let file = &fuse.image_file;
+        let current = std::fs::metadata(file)
+            .map_err(|e| MapError::io("reading size of", file.display(), e))?
+            .len();
+        if new_size > current {
+            // rbd-fuse caches the size it saw at open; a truncate up to the size the image
+            // already has makes it re-read it (rbd_resize to the current size changes nothing).
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(file)
+                .map_err(|e| MapError::io("opening", file.display(), e))?;
+            f.set_len(new_size)
+                .map_err(|e| MapError::io("refreshing size of", file.display(), e))?;
+        }
+        exec::run("losetup", &["-c", &mapped.device.to_string_lossy()]).await?;
+        Ok(())
+    }
+}
+
+/// Stable id of the rbd-fuse instance for (monitors, pool, user).
+#[must_use]
+pub fn instance_id(image: &ImageSpec) -> String {
+    let mut h = Sha256::new();
+    h.update(image.monitors.as_bytes());
+    h.update([0]);
+    h.update(image.pool.as_bytes());
+    h.update([0]);
+    h.update(image.user.as_bytes());
+    let digest = h.finalize();
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The `rbd-fuse` arguments: foreground (our child), private conf, user, pool. No key.
+#[must_use]
+pub fn fuse_args(conf: &Path, image: &ImageSpec, mnt: &Path) -> Vec<String> {
+    vec![
+        "-f".into(),
+        "-c".into(),
+        conf.to_string_lossy().into_owned(),
+        "--id".into(),
+        image.user.clone(),
+        "-p".into(),
+        image.pool.clone(),
+        mnt.to_string_lossy().into_owned(),
+    ]
+}
+
+/// A keyring file's text for `client.<user>`.
+#[must_use]
+pub fn keyring_text(user: &str, key: &Key) -> String {
+    format!("[client.{user}]\n\tkey = {}\n", key.expose())
+}
+
+/// The private `ceph.conf`: monitors, keyring, and bounded waits so a wrong key or an unreachable
+/// cluster fails instead of hanging.
+#[must_use]
+pub fn conf_text(monitors: &str, keyring: &Path) -> String {
+    format!(
+        "[global]\nmon_host = {monitors}\nkeyring = {}\nclient_mount_timeout = 20\n\
+         rados_mon_op_timeout = 30\nrados_osd_op_timeout = 60\nlog_to_stderr = true\n\
+         err_to_stderr = true\nlog_file = \n",
+        keyring.display()
+    )
+}
+
+fn is_fuse_mount(mnt: &Path) -> Result<bool, MapError> {
+    Ok(mount::mount_at(mnt)
+        .map_err(|e| MapError::io("reading mount table for", mnt.display(), e))?
+        .is_some_and(|m| m.fs_type.starts_with("fuse")))
+}
+
+fn remove_instance_files(dir: &Path) {
+    for name in ["keyring", "ceph.conf", "rbd-fuse.log"] {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    // Never remove recursively: if `mnt` were still a live rbd-fuse mount, unlinking its files
+    // would delete RBD images. remove_dir only removes empty directories.
+    let _ = std::fs::remove_dir(dir.join("mnt"));
+    let _ = std::fs::remove_dir(dir);
+}
+
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
+}
+
+/// The backing file of a loop device (`/dev/loopN`), if attached.
+#[must_use]
+pub fn backing_file(device: &Path) -> Option<PathBuf> {
+    let name = device.file_name()?.to_str()?;
+    let text = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
+    Some(PathBuf::from(text.trim_end_matches('\n')))
+}
+
+/// All attached loop devices with their backing files.
+#[must_use]
+pub fn loop_devices() -> Vec<(PathBuf, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            if !name.starts_with("loop") {
+                return None;
+            }
+            let device = PathBuf::from("/dev").join(&name);
+            Some((device.clone(), backing_file(&device)?))
+        })
+        .collect()
+}
+
+fn loop_device_for(file: &Path) -> Option<PathBuf> {
+    loop_devices()
+        .into_iter()
+        .find(|(_, backing)| backing == file)
+        .map(|(dev, _)| dev)
+}
+
+fn loop_devices_under(mnt: &Path) -> Vec<PathBuf> {
+    loop_devices()
+        .into_iter()
+        .filter(|(_, backing)| backing.starts_with(mnt))
+        .map(|(dev, _)| dev)
+        .collect()
+}
+
+async fn wait_detached(device: &Path, file: &Path) -> Result<(), MapError> {
+    let deadline = Instant::now() + FUSE_TIMEOUT;
+    while backing_file(device).as_deref() == Some(file) {
+        if Instant::now() > deadline {
+            return Err(MapError::Timeout(format!(
+                "loop device {} still attached to {} after losetup -d",
+                device.display(),
+                file.display()
+            )));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    Ok(())
+}
+
+/// Whether an `rbd-fuse` process serving `mnt` still exists (zombies count as gone).
+#[must_use]
+pub fn fuse_process_running(mnt: &Path) -> bool {
+    let mnt = mnt.to_string_lossy();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.filter_map(Result::ok).any(|e| {
+        let path = e.path();
+        let Ok(cmdline) = std::fs::read(path.join("cmdline")) else {
+            return false;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_fuse = args.first().is_some_and(|a| a.ends_with(b"rbd-fuse"));
+        let serves = args.iter().any(|a| *a == mnt.as_bytes());
+        let zombie = std::fs::read_to_string(path.join("stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+            .unwrap_or(false);
+        is_fuse && serves && !zombie
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(user: &str) -> ImageSpec {
+        ImageSpec {
+            monitors: "127.0.0.1:40000".into(),
+            pool: "rbd".into(),
+            image: "img".into(),
+            user: user.into(),
+        }
+    }
+
+    #[test]
+    fn one_instance_per_monitors_pool_and_user() {
+        assert_eq!(instance_id(&spec("a")), instance_id(&spec("a")));
+        assert_ne!(instance_id(&spec("a")), instance_id(&spec("b")));
+        let mut other_pool = spec("a");
+        other_pool.pool = "kube".into();
+        assert_ne!(instance_id(&spec("a")), instance_id(&other_pool));
+    }
+
+    #[test]
+    fn fuse_args_carry_no_key_and_run_in_foreground() {
+        let args = fuse_args(
+            Path::new("/run/x/ceph.conf"),
+            &spec("kube"),
+            Path::new("/run/x/mnt"),
+        );
+        assert_eq!(args[0], "-f");
+        assert!(args.windows(2).any(|w| w[0] == "--id" && w[1] == "kube"));
+        assert!(args.windows(2).any(|w| w[0] == "-p" && w[1] == "rbd"));
+        let text = keyring_text("kube", &Key::new("AQBsecret=="));
+        assert!(text.contains("[client.kube]") && text.contains("AQBsecret=="));
+        assert!(!args.iter().any(|a| a.contains("AQB")));
+        let conf = conf_text("m1:6789,m2:6789", Path::new("/run/x/keyring"));
+        assert!(conf.contains("mon_host = m1:6789,m2:6789"));
+        assert!(conf.contains("keyring = /run/x/keyring"));
+    }
+}

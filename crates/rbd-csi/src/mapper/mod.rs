@@ -1,0 +1,233 @@
+//! Making an RBD image available as a local block device on a node.
+//!
+//! One trait, [`Mapper`], with three implementations chosen per volume by the `mounter` volume
+//! attribute (or the node's default, see [`MounterKind::parse`]):
+//!
+//! | `mounter` | implementation | needs |
+//! |---|---|---|
+//! | `rbd`, `krbd` | [`krbd::KrbdMapper`]: `rbd map` | the `rbd` kernel module + `rbd` CLI |
+//! | `rbd-nbd`, `nbd` | [`nbd::NbdMapper`]: `rbd-nbd map` | the `nbd` kernel module + `rbd-nbd` |
+//! | `fuse`, `fuse-loop`, `rbd-fuse` | [`fuse_loop::FuseLoopMapper`]: `rbd-fuse` + `losetup` | FUSE and loop devices |
+//!
+//! Keys never appear on a command line: they reach the helper through a file in the node's
+//! private runtime directory (tmpfs in a real deployment), created `0600`, removed when no longer
+//! needed ([`secret_file`]).
+
+pub mod fuse_loop;
+pub mod krbd;
+pub mod nbd;
+pub mod secret_file;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::exec::ExecError;
+
+/// Which mapper stages a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MounterKind {
+    /// Kernel RBD (`rbd map`).
+    #[serde(rename = "krbd")]
+    Krbd,
+    /// `rbd-nbd`.
+    #[serde(rename = "rbd-nbd")]
+    Nbd,
+    /// `rbd-fuse` + a loop device.
+    #[serde(rename = "fuse")]
+    FuseLoop,
+}
+
+impl MounterKind {
+    /// Parses a `mounter` value: `rbd`/`krbd`, `rbd-nbd`/`nbd`, `fuse`/`fuse-loop`/`rbd-fuse`.
+    ///
+    /// # Errors
+    /// A message naming the unknown value.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "rbd" | "krbd" => Ok(Self::Krbd),
+            "rbd-nbd" | "nbd" => Ok(Self::Nbd),
+            "fuse" | "fuse-loop" | "rbd-fuse" => Ok(Self::FuseLoop),
+            other => Err(format!(
+                "unknown mounter {other:?} (expected rbd, krbd, rbd-nbd or fuse)"
+            )),
+        }
+    }
+
+    /// The canonical `mounter` value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Krbd => "krbd",
+            Self::Nbd => "rbd-nbd",
+            Self::FuseLoop => "fuse",
+        }
+    }
+}
+
+impl fmt::Display for MounterKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The image to map and who maps it. Holds no secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSpec {
+    /// Comma-separated `host:port` monitor list.
+    pub monitors: String,
+    pub pool: String,
+    pub image: String,
+    /// Ceph user id without the `client.` prefix.
+    pub user: String,
+}
+
+impl fmt::Display for ImageSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.pool, self.image)
+    }
+}
+
+/// A cephx key. `Debug`/`Display` never print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Key(String);
+
+impl Key {
+    #[must_use]
+    pub fn new(key: impl Into<String>) -> Self {
+        Self(key.into())
+    }
+
+    /// The key itself, for writing it into a private file.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Key(<redacted>)")
+    }
+}
+
+/// Where an image was mapped; persisted next to the staging path so unmapping works after a
+/// restart of the node plugin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MappedDevice {
+    pub mounter: MounterKind,
+    /// The block device (`/dev/rbd0`, `/dev/nbd0`, `/dev/loop3`).
+    pub device: PathBuf,
+    /// For the fuse-loop mapper: the rbd-fuse instance and the image file behind the loop device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuse: Option<fuse_loop::FuseAttachment>,
+}
+
+/// Why mapping or unmapping failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The image does not exist in the pool.
+    #[error("image {image} not found in pool {pool}")]
+    ImageNotFound { pool: String, image: String },
+    /// A helper did not reach the expected state in time.
+    #[error("{0}")]
+    Timeout(String),
+    /// The helper printed something we cannot interpret.
+    #[error("unexpected output from {program}: {output:?}")]
+    UnexpectedOutput {
+        program: &'static str,
+        output: String,
+    },
+    /// The mapping record belongs to another mapper.
+    #[error("device {device} was mapped by {recorded}, not {expected}")]
+    WrongMapper {
+        device: String,
+        recorded: MounterKind,
+        expected: MounterKind,
+    },
+}
+
+impl MapError {
+    pub(crate) fn io(what: &'static str, path: impl fmt::Display, source: std::io::Error) -> Self {
+        Self::Io {
+            what,
+            path: path.to_string(),
+            source,
+        }
+    }
+}
+
+/// Maps images to local block devices.
+#[async_trait::async_trait]
+pub trait Mapper: Send + Sync {
+    /// The kind this mapper implements.
+    fn kind(&self) -> MounterKind;
+
+    /// Maps `image` with `key` and returns the block device. Mapping an image that this mapper
+    /// has already mapped returns the existing device.
+    async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError>;
+
+    /// Unmaps a device returned by [`Mapper::map`]. Unmapping an already unmapped device is `Ok`.
+    async fn unmap(&self, mapped: &MappedDevice) -> Result<(), MapError>;
+
+    /// Makes the block device show the image's new size after a resize to `new_size` bytes.
+    /// Kernel mappers see resizes by themselves; the default does nothing.
+    async fn refresh_size(&self, mapped: &MappedDevice, new_size: u64) -> Result<(), MapError> {
+        let _ = (mapped, new_size);
+        Ok(())
+    }
+}
+
+/// Parses the device path a `map` command printed.
+pub(crate) fn parse_device_output(
+    program: &'static str,
+    stdout: &str,
+) -> Result<PathBuf, MapError> {
+    let line = stdout.lines().map(str::trim).rfind(|l| !l.is_empty());
+    match line {
+        Some(dev) if dev.starts_with("/dev/") => Ok(PathBuf::from(dev)),
+        _ => Err(MapError::UnexpectedOutput {
+            program,
+            output: stdout.trim().to_owned(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mounter_names_parse_to_kinds() {
+        assert_eq!(MounterKind::parse("rbd"), Ok(MounterKind::Krbd));
+        assert_eq!(MounterKind::parse("krbd"), Ok(MounterKind::Krbd));
+        assert_eq!(MounterKind::parse("rbd-nbd"), Ok(MounterKind::Nbd));
+        assert_eq!(MounterKind::parse("FUSE"), Ok(MounterKind::FuseLoop));
+        assert!(MounterKind::parse("iscsi").unwrap_err().contains("iscsi"));
+    }
+
+    #[test]
+    fn key_debug_is_redacted() {
+        let key = Key::new("AQBsecret==");
+        assert!(!format!("{key:?}").contains("AQB"));
+    }
+
+    #[test]
+    fn device_output_is_the_last_dev_line() {
+        assert_eq!(
+            parse_device_output("rbd", "\n/dev/rbd3\n").unwrap(),
+            PathBuf::from("/dev/rbd3")
+        );
+        assert!(parse_device_output("rbd", "rbd: sysfs write failed").is_err());
+    }
+}

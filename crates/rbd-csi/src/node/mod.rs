@@ -1,0 +1,179 @@
+//! The CSI Node service: stage (map + mkfs when blank + mount), publish (bind mount), unpublish,
+//! unstage (unmount + unmap), expand, stats, capabilities and info.
+//!
+//! Every call is idempotent as the CSI specification requires, and calls on one volume are
+//! serialised: a call arriving while another one for the same volume runs gets `ABORTED`
+//! (the CO retries), calls on other volumes proceed ([`crate::locks`]).
+
+mod publish;
+pub mod record;
+pub mod request;
+mod stage;
+mod stats;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::locks::VolumeLocks;
+use crate::mapper::fuse_loop::FuseLoopMapper;
+use crate::mapper::krbd::KrbdMapper;
+use crate::mapper::nbd::NbdMapper;
+use crate::mapper::{Mapper, MounterKind};
+use crate::proto::csi::{self, node_server::Node, node_service_capability};
+
+/// Settings of the node service.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This node's ID as NodeGetInfo reports it (the Kubernetes node name).
+    pub node_id: String,
+    /// Mapper for volumes whose context names none.
+    pub default_mounter: MounterKind,
+    /// Private directory for key files and rbd-fuse instances; should be on tmpfs.
+    pub runtime_dir: PathBuf,
+    /// `rbd map -o` options for the krbd mapper.
+    pub krbd_map_options: Option<String>,
+    /// NodeGetInfo's `max_volumes_per_node` (0 = no limit).
+    pub max_volumes_per_node: i64,
+}
+
+/// The Node service.
+#[derive(Clone)]
+pub struct NodeService {
+    config: NodeConfig,
+    mappers: HashMap<MounterKind, Arc<dyn Mapper>>,
+    locks: VolumeLocks,
+}
+
+impl std::fmt::Debug for NodeService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeService")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeService {
+    /// A node service with the three standard mappers.
+    #[must_use]
+    pub fn new(config: NodeConfig) -> Self {
+        let keys = config.runtime_dir.join("keys");
+        let mappers: Vec<Arc<dyn Mapper>> = vec![
+            Arc::new(KrbdMapper::new(
+                keys.clone(),
+                config.krbd_map_options.clone(),
+            )),
+            Arc::new(NbdMapper::new(keys)),
+            Arc::new(FuseLoopMapper::new(&config.runtime_dir)),
+        ];
+        Self::with_mappers(config, mappers)
+    }
+
+    /// A node service with the given mappers (one per kind; tests can substitute fakes).
+    #[must_use]
+    pub fn with_mappers(config: NodeConfig, mappers: Vec<Arc<dyn Mapper>>) -> Self {
+        Self {
+            config,
+            mappers: mappers.into_iter().map(|m| (m.kind(), m)).collect(),
+            locks: VolumeLocks::new(),
+        }
+    }
+
+    fn mapper(&self, kind: MounterKind) -> Result<&Arc<dyn Mapper>, Status> {
+        self.mappers.get(&kind).ok_or_else(|| {
+            Status::invalid_argument(format!("mounter {kind} is not available on this node"))
+        })
+    }
+}
+
+fn rpc_capability(kind: node_service_capability::rpc::Type) -> csi::NodeServiceCapability {
+    csi::NodeServiceCapability {
+        r#type: Some(node_service_capability::Type::Rpc(
+            node_service_capability::Rpc {
+                r#type: kind as i32,
+            },
+        )),
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        request: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        stage::stage(self, request.into_inner()).await?;
+        Ok(Response::new(csi::NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        stage::unstage(self, request.into_inner()).await?;
+        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        publish::publish(self, request.into_inner())?;
+        Ok(Response::new(csi::NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        publish::unpublish(self, &request.into_inner())?;
+        Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        Ok(Response::new(stats::volume_stats(&request.into_inner())?))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        Ok(Response::new(
+            stats::expand(self, request.into_inner()).await?,
+        ))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        use node_service_capability::rpc::Type;
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
+            capabilities: [
+                Type::StageUnstageVolume,
+                Type::GetVolumeStats,
+                Type::VolumeCondition,
+                Type::ExpandVolume,
+            ]
+            .into_iter()
+            .map(rpc_capability)
+            .collect(),
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _request: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: self.config.node_id.clone(),
+            max_volumes_per_node: self.config.max_volumes_per_node,
+            accessible_topology: None,
+        }))
+    }
+}

@@ -1,0 +1,243 @@
+//! Reading what a node call asks for out of its request (pure: no I/O).
+
+use std::collections::HashMap;
+
+use tonic::Status;
+
+use crate::fs::FsType;
+use crate::mapper::{ImageSpec, Key, MounterKind};
+use crate::proto::csi::VolumeCapability;
+use crate::proto::csi::volume_capability::AccessType;
+use crate::proto::csi::volume_capability::access_mode::Mode;
+use crate::status::require_some;
+use crate::volume::{VolumeId, context};
+
+/// How the workload accesses the volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// A filesystem mounted with these options.
+    Mount { fs: FsType, flags: Vec<String> },
+    /// The raw block device.
+    Block,
+}
+
+impl Access {
+    #[must_use]
+    pub fn is_block(&self) -> bool {
+        matches!(self, Self::Block)
+    }
+}
+
+/// The access a volume capability asks for.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a missing access type/mode, an unsupported filesystem, or a
+/// multi-node-writer filesystem (ext4/xfs cannot be shared).
+pub fn access(capability: Option<&VolumeCapability>, field: &str) -> Result<Access, Status> {
+    let capability = require_some(capability, field)?;
+    let mode = require_some(
+        capability.access_mode.as_ref(),
+        &format!("{field}.access_mode"),
+    )?;
+    let mode = Mode::try_from(mode.mode).unwrap_or(Mode::Unknown);
+    if mode == Mode::Unknown {
+        return Err(Status::invalid_argument(format!(
+            "{field}.access_mode.mode is required"
+        )));
+    }
+    match require_some(
+        capability.access_type.as_ref(),
+        &format!("{field}.access_type"),
+    )? {
+        AccessType::Block(_) => Ok(Access::Block),
+        AccessType::Mount(mount) => {
+            if matches!(
+                mode,
+                Mode::MultiNodeMultiWriter | Mode::MultiNodeSingleWriter
+            ) {
+                return Err(Status::invalid_argument(format!(
+                    "access mode {} is not supported for filesystem volumes",
+                    mode.as_str_name()
+                )));
+            }
+            let fs = FsType::parse(&mount.fs_type).map_err(Status::invalid_argument)?;
+            Ok(Access::Mount {
+                fs,
+                flags: mount.mount_flags.clone(),
+            })
+        }
+    }
+}
+
+/// What NodeStageVolume needs to map an image.
+#[derive(Debug, Clone)]
+pub struct StageParams {
+    pub image: ImageSpec,
+    pub mounter: MounterKind,
+    pub key: Key,
+}
+
+fn first<'a>(map: &'a HashMap<String, String>, keys: &[&str]) -> Option<&'a str> {
+    keys.iter()
+        .filter_map(|k| map.get(*k))
+        .map(String::as_str)
+        .find(|v| !v.is_empty())
+}
+
+/// Image, mapper and key of a NodeStageVolume call: location from `volume_context` (falling back
+/// to the volume ID), user from the context or the secret (`userID`, `adminId`; default `admin`),
+/// key from the secret (`userKey`, or `key` as in the in-tree plugin's secrets).
+///
+/// # Errors
+/// `INVALID_ARGUMENT` naming what is missing or malformed.
+pub fn stage_params(
+    volume_id: &str,
+    volume_context: &HashMap<String, String>,
+    secrets: &HashMap<String, String>,
+    default_mounter: MounterKind,
+) -> Result<StageParams, Status> {
+    let parsed = VolumeId::parse(volume_id).ok();
+    let pick = |key: &str, from_id: Option<&str>| -> Result<String, Status> {
+        first(volume_context, &[key])
+            .or(from_id)
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "volume_context.{key} is required (volume id {volume_id:?} does not carry it)"
+                ))
+            })
+    };
+    let monitors = pick(
+        context::MONITORS,
+        parsed.as_ref().map(|p| p.monitors.as_str()),
+    )?;
+    let pool = pick(context::POOL, parsed.as_ref().map(|p| p.pool.as_str()))?;
+    let image = pick(context::IMAGE, parsed.as_ref().map(|p| p.image.as_str()))?;
+    let user = first(volume_context, &[context::USER])
+        .or_else(|| first(secrets, &["userID", "adminId", "adminID"]))
+        .unwrap_or("admin")
+        .to_owned();
+    let key = first(secrets, &["userKey", "key"])
+        .map(Key::new)
+        .ok_or_else(|| Status::invalid_argument("secrets.userKey (or secrets.key) is required"))?;
+    let mounter = match first(volume_context, &[context::MOUNTER]) {
+        Some(value) => MounterKind::parse(value).map_err(Status::invalid_argument)?,
+        None => default_mounter,
+    };
+    Ok(StageParams {
+        image: ImageSpec {
+            monitors,
+            pool,
+            image,
+            user,
+        },
+        mounter,
+        key,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::csi::volume_capability::{AccessMode, BlockVolume, MountVolume};
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
+    }
+
+    fn cap(access_type: AccessType, mode: Mode) -> VolumeCapability {
+        VolumeCapability {
+            access_type: Some(access_type),
+            access_mode: Some(AccessMode { mode: mode as i32 }),
+        }
+    }
+
+    #[test]
+    fn context_wins_over_volume_id_and_secret_supplies_key() {
+        let params = stage_params(
+            "v1/m1:6789/idpool/idimage",
+            &map(&[("pool", "ctxpool"), ("userID", "kube"), ("mounter", "fuse")]),
+            &map(&[("userKey", "AQB==")]),
+            MounterKind::Krbd,
+        )
+        .unwrap();
+        assert_eq!(params.image.pool, "ctxpool");
+        assert_eq!(params.image.image, "idimage");
+        assert_eq!(params.image.monitors, "m1:6789");
+        assert_eq!(params.image.user, "kube");
+        assert_eq!(params.mounter, MounterKind::FuseLoop);
+        assert_eq!(params.key.expose(), "AQB==");
+    }
+
+    #[test]
+    fn in_tree_style_secret_and_defaults() {
+        let params = stage_params(
+            "v1/m1:6789/rbd/img",
+            &HashMap::new(),
+            &map(&[("key", "AQC==")]),
+            MounterKind::Nbd,
+        )
+        .unwrap();
+        assert_eq!(params.image.user, "admin");
+        assert_eq!(params.mounter, MounterKind::Nbd);
+        assert_eq!(params.key.expose(), "AQC==");
+    }
+
+    #[test]
+    fn missing_key_or_location_names_the_field() {
+        let err = stage_params(
+            "v1/m/p/i",
+            &HashMap::new(),
+            &HashMap::new(),
+            MounterKind::Krbd,
+        )
+        .unwrap_err();
+        assert!(err.message().contains("userKey"));
+        let err = stage_params(
+            "opaque",
+            &HashMap::new(),
+            &map(&[("key", "k")]),
+            MounterKind::Krbd,
+        )
+        .unwrap_err();
+        assert!(err.message().contains("volume_context.monitors"));
+    }
+
+    #[test]
+    fn access_parses_block_mount_and_rejects_bad_ones() {
+        let block = cap(
+            AccessType::Block(BlockVolume {}),
+            Mode::MultiNodeMultiWriter,
+        );
+        assert_eq!(
+            access(Some(&block), "volume_capability").unwrap(),
+            Access::Block
+        );
+        let xfs = cap(
+            AccessType::Mount(MountVolume {
+                fs_type: "xfs".into(),
+                mount_flags: vec!["noatime".into()],
+                volume_mount_group: String::new(),
+            }),
+            Mode::SingleNodeWriter,
+        );
+        assert_eq!(
+            access(Some(&xfs), "volume_capability").unwrap(),
+            Access::Mount {
+                fs: FsType::Xfs,
+                flags: vec!["noatime".into()]
+            }
+        );
+        let err = access(None, "volume_capability").unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("volume_capability"));
+        let shared = cap(
+            AccessType::Mount(MountVolume::default()),
+            Mode::MultiNodeMultiWriter,
+        );
+        assert!(access(Some(&shared), "c").is_err());
+    }
+}

@@ -1,0 +1,170 @@
+//! NodeGetVolumeStats and NodeExpandVolume.
+
+use std::path::{Path, PathBuf};
+
+use tonic::Status;
+
+use super::NodeService;
+use super::record;
+use crate::fs::{self, FsType};
+use crate::mapper::fuse_loop::{FuseAttachment, backing_file};
+use crate::mapper::{MappedDevice, MounterKind};
+use crate::mount;
+use crate::proto::csi::{self, volume_usage::Unit};
+use crate::status::{internal, require};
+use crate::volume::MIB;
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn usage(unit: Unit, total: u64, available: u64, used: u64) -> csi::VolumeUsage {
+    csi::VolumeUsage {
+        available: to_i64(available),
+        total: to_i64(total),
+        used: to_i64(used),
+        unit: unit as i32,
+    }
+}
+
+fn condition(abnormal: bool, message: impl Into<String>) -> Option<csi::VolumeCondition> {
+    Some(csi::VolumeCondition {
+        abnormal,
+        message: message.into(),
+    })
+}
+
+/// Usage and condition of a published (or staged) volume path.
+pub(super) fn volume_stats(
+    req: &csi::NodeGetVolumeStatsRequest,
+) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+    require(&req.volume_id, "volume_id")?;
+    let path = Path::new(require(&req.volume_path, "volume_path")?);
+    if !path.exists() {
+        return Err(Status::not_found(format!(
+            "volume_path {} does not exist",
+            path.display()
+        )));
+    }
+    let mounted = mount::mount_at(path).map_err(|e| internal("reading mount table", &e))?;
+    if mounted.is_none() {
+        return Ok(csi::NodeGetVolumeStatsResponse {
+            usage: Vec::new(),
+            volume_condition: condition(true, format!("{} is not a mount point", path.display())),
+        });
+    }
+    if fs::is_block_device(path) {
+        let size = fs::block_device_size(path).map_err(|e| internal("reading device size", &e))?;
+        return Ok(csi::NodeGetVolumeStatsResponse {
+            usage: vec![usage(Unit::Bytes, size, 0, 0)],
+            volume_condition: condition(false, "block device is mapped"),
+        });
+    }
+    match fs::usage(path) {
+        Ok(u) => Ok(csi::NodeGetVolumeStatsResponse {
+            usage: vec![
+                usage(Unit::Bytes, u.total_bytes, u.available_bytes, u.used_bytes),
+                usage(Unit::Inodes, u.total_inodes, u.free_inodes, u.used_inodes),
+            ],
+            volume_condition: condition(false, "volume is mounted"),
+        }),
+        Err(e) => Ok(csi::NodeGetVolumeStatsResponse {
+            usage: Vec::new(),
+            volume_condition: condition(true, format!("statfs {} failed: {e}", path.display())),
+        }),
+    }
+}
+
+/// The mapped device behind `volume_path`: from the staging record when the staging path is
+/// known, else from the mount table (and, for a loop device, its backing rbd-fuse file).
+fn mapped_device(staging: Option<&Path>, volume_path: &Path) -> Result<MappedDevice, Status> {
+    if let Some(staging) = staging
+        && let Some(rec) =
+            record::read(staging).map_err(|e| internal("reading staging record", &e))?
+    {
+        return Ok(rec.mapped);
+    }
+    let device = if fs::is_block_device(volume_path) {
+        let entry = mount::mount_at(volume_path)
+            .map_err(|e| internal("reading mount table", &e))?
+            .ok_or_else(|| {
+                Status::not_found(format!("{} is not published", volume_path.display()))
+            })?;
+        PathBuf::from("/dev").join(entry.root.trim_start_matches('/'))
+    } else {
+        let entry = mount::mount_at(volume_path)
+            .map_err(|e| internal("reading mount table", &e))?
+            .ok_or_else(|| {
+                Status::not_found(format!("{} is not mounted", volume_path.display()))
+            })?;
+        PathBuf::from(entry.source)
+    };
+    let fuse = backing_file(&device).and_then(|file| {
+        let mount_point = file.parent()?.to_path_buf();
+        Some(FuseAttachment {
+            instance_dir: mount_point.parent()?.to_path_buf(),
+            mount_point,
+            image_file: file,
+        })
+    });
+    Ok(MappedDevice {
+        mounter: if fuse.is_some() {
+            MounterKind::FuseLoop
+        } else {
+            MounterKind::Krbd
+        },
+        device,
+        fuse,
+    })
+}
+
+/// Grows what the node sees after the controller grew the image: the device (fuse-loop needs a
+/// nudge), then the filesystem (xfs online; ext4 online when the kernel allows, else a
+/// FAILED_PRECONDITION telling to re-stage, which grows it offline).
+pub(super) async fn expand(
+    node: &NodeService,
+    req: csi::NodeExpandVolumeRequest,
+) -> Result<csi::NodeExpandVolumeResponse, Status> {
+    let volume_id = require(&req.volume_id, "volume_id")?;
+    let volume_path = PathBuf::from(require(&req.volume_path, "volume_path")?);
+    if !volume_path.exists() {
+        return Err(Status::not_found(format!(
+            "volume_path {} does not exist",
+            volume_path.display()
+        )));
+    }
+    let _guard = node.locks.lock_or_abort(volume_id)?;
+    let staging =
+        (!req.staging_target_path.is_empty()).then(|| PathBuf::from(&req.staging_target_path));
+    let mapped = mapped_device(staging.as_deref(), &volume_path)?;
+    let required = req
+        .capacity_range
+        .as_ref()
+        .map_or(0, |r| u64::try_from(r.required_bytes).unwrap_or(0));
+    if required > 0 {
+        let new_size = required.div_ceil(MIB) * MIB;
+        node.mapper(mapped.mounter)?
+            .refresh_size(&mapped, new_size)
+            .await?;
+    }
+    let device_size =
+        fs::block_device_size(&mapped.device).map_err(|e| internal("reading device size", &e))?;
+    if !fs::is_block_device(&volume_path) {
+        let entry = mount::mount_at(&volume_path)
+            .map_err(|e| internal("reading mount table", &e))?
+            .ok_or_else(|| {
+                Status::not_found(format!("{} is not mounted", volume_path.display()))
+            })?;
+        let fs = FsType::parse(&entry.fs_type).map_err(Status::failed_precondition)?;
+        fs::grow_online(fs, &mapped.device, &volume_path).await?;
+        tracing::info!(
+            volume_id,
+            fs = fs.name(),
+            size = device_size,
+            "filesystem grown"
+        );
+    }
+    Ok(csi::NodeExpandVolumeResponse {
+        capacity_bytes: to_i64(device_size),
+    })
+}

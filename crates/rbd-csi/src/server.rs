@@ -1,0 +1,159 @@
+//! Serving the CSI services (and kubelet registration) on unix sockets.
+
+use std::future::Future;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Server;
+
+use crate::config::CsiConfig;
+use crate::identity::IdentityService;
+use crate::node::NodeService;
+use crate::proto::csi::{identity_server::IdentityServer, node_server::NodeServer};
+use crate::proto::pluginregistration::registration_server::RegistrationServer;
+use crate::registration::{self, RegistrationService};
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CsiError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} exists and is not a socket; refusing to replace it")]
+    NotASocket { path: PathBuf },
+    #[error("gRPC server on {path}: {source}")]
+    Transport {
+        path: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Binds a unix socket at `path`, replacing a stale socket file left by an earlier process.
+///
+/// # Errors
+/// [`CsiError::NotASocket`] when `path` is another kind of file; the bind error otherwise.
+pub fn bind_unix(path: &Path) -> Result<UnixListener, CsiError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(|source| CsiError::Io {
+                what: "removing stale socket",
+                path: path.to_path_buf(),
+                source,
+            })?;
+        }
+        Ok(_) => {
+            return Err(CsiError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(_) => {}
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|source| CsiError::Io {
+            what: "creating socket directory",
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    }
+    UnixListener::bind(path).map_err(|source| CsiError::Io {
+        what: "binding",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Serves the services `config.services` selects on `config.endpoint` (plus the kubelet
+/// registration socket when configured and the node service runs) until `shutdown` completes,
+/// then removes the socket files.
+///
+/// # Errors
+/// When a socket cannot be bound or a server fails.
+pub async fn serve(
+    config: CsiConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CsiError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let identity = IdentityServer::new(identity_service(&config).await?);
+    let node = config
+        .services
+        .node()
+        .then(|| NodeServer::new(NodeService::new(config.node_config())));
+    // TODO(controller): wired once ceph-rbd lands.
+    let controller: Option<NodeServer<NodeService>> = None;
+
+    let listener = bind_unix(&config.endpoint)?;
+    tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name,
+        services = ?config.services, "serving CSI");
+    let endpoint = config.endpoint.clone();
+    let csi = Server::builder()
+        .add_service(identity)
+        .add_optional_service(controller)
+        .add_optional_service(node)
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopped(stop_rx.clone()));
+
+    let registration = match (&config.registration, config.services.node()) {
+        (Some(reg), true) => {
+            let socket = registration::socket_path(&reg.registry_dir, &config.driver_name);
+            let announced = reg
+                .kubelet_endpoint
+                .clone()
+                .unwrap_or_else(|| config.endpoint.clone());
+            let listener = bind_unix(&socket)?;
+            tracing::info!(socket = %socket.display(), "serving kubelet plugin registration");
+            let service =
+                RegistrationServer::new(RegistrationService::new(&config.driver_name, &announced));
+            let server = Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    UnixListenerStream::new(listener),
+                    stopped(stop_rx.clone()),
+                );
+            Some((socket, server))
+        }
+        _ => None,
+    };
+
+    let result = match registration {
+        Some((socket, reg_server)) => {
+            let (a, b) = tokio::join!(csi, reg_server);
+            let _ = std::fs::remove_file(&socket);
+            a.map_err(|source| CsiError::Transport {
+                path: endpoint.clone(),
+                source,
+            })
+            .and(b.map_err(|source| CsiError::Transport {
+                path: socket,
+                source,
+            }))
+        }
+        None => csi.await.map_err(|source| CsiError::Transport {
+            path: endpoint.clone(),
+            source,
+        }),
+    };
+    let _ = std::fs::remove_file(&endpoint);
+    result
+}
+
+async fn identity_service(config: &CsiConfig) -> Result<IdentityService, CsiError> {
+    let identity = IdentityService::new(config.driver_name.clone());
+    Ok(identity)
+}
