@@ -17,7 +17,12 @@ pub(crate) const PV_PROTECTION: &str = "kubernetes.io/pv-protection";
 const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
 const DEFAULT_CLASS_BETA: &str = "storageclass.beta.kubernetes.io/is-default-class";
 
-const ACCESS_MODES: &[&str] = &["ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"];
+const ACCESS_MODES: &[&str] = &[
+    "ReadOnlyMany",
+    "ReadWriteMany",
+    "ReadWriteOnce",
+    "ReadWriteOncePod",
+];
 const RESIZE_STATUSES: &[&str] = &[
     "ControllerResizeInProgress",
     "ControllerResizeInfeasible",
@@ -26,9 +31,27 @@ const RESIZE_STATUSES: &[&str] = &[
     "NodeResizePending",
 ];
 const PV_SOURCES: &[&str] = &[
-    "csi", "rbd", "hostPath", "local", "nfs", "iscsi", "fc", "cephfs", "flexVolume",
-    "gcePersistentDisk", "awsElasticBlockStore", "azureDisk", "azureFile", "cinder", "glusterfs",
-    "portworxVolume", "quobyte", "scaleIO", "storageos", "vsphereVolume", "photonPersistentDisk",
+    "csi",
+    "rbd",
+    "hostPath",
+    "local",
+    "nfs",
+    "iscsi",
+    "fc",
+    "cephfs",
+    "flexVolume",
+    "gcePersistentDisk",
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cinder",
+    "glusterfs",
+    "portworxVolume",
+    "quobyte",
+    "scaleIO",
+    "storageos",
+    "vsphereVolume",
+    "photonPersistentDisk",
     "flocker",
 ];
 
@@ -55,9 +78,14 @@ fn default_class(view: &StoreView<'_>) -> Option<String> {
         if !is_default {
             continue;
         }
-        let created = util::meta_str(&sc, "creationTimestamp").unwrap_or_default().to_string();
+        let created = util::meta_str(&sc, "creationTimestamp")
+            .unwrap_or_default()
+            .to_string();
         let name = util::name_of(&sc).to_string();
-        if best.as_ref().is_none_or(|(c, n)| (&created, &name) > (c, n)) {
+        if best
+            .as_ref()
+            .is_none_or(|(c, n)| (&created, &name) > (c, n))
+        {
             best = Some((created, name));
         }
     }
@@ -71,7 +99,9 @@ pub(crate) fn on_create(res: &ResourceInfo, obj: &mut Value, view: &StoreView<'_
         ("", "PersistentVolumeClaim") => {
             add_finalizer(obj, PVC_PROTECTION);
             set_default(obj, "spec", "volumeMode", json!("Filesystem"));
-            let has_class = obj.pointer("/spec/storageClassName").is_some_and(|v| !v.is_null())
+            let has_class = obj
+                .pointer("/spec/storageClassName")
+                .is_some_and(|v| !v.is_null())
                 || annotation(obj, "volume.beta.kubernetes.io/storage-class").is_some();
             if !has_class && let Some(class) = default_class(view) {
                 set_default(obj, "spec", "storageClassName", json!(class));
@@ -83,7 +113,12 @@ pub(crate) fn on_create(res: &ResourceInfo, obj: &mut Value, view: &StoreView<'_
         ("", "PersistentVolume") => {
             add_finalizer(obj, PV_PROTECTION);
             set_default(obj, "spec", "volumeMode", json!("Filesystem"));
-            set_default(obj, "spec", "persistentVolumeReclaimPolicy", json!("Retain"));
+            set_default(
+                obj,
+                "spec",
+                "persistentVolumeReclaimPolicy",
+                json!("Retain"),
+            );
             if let Some(m) = obj.as_object_mut() {
                 m.insert(
                     "status".into(),
@@ -175,17 +210,30 @@ fn name_causes(res: &ResourceInfo, obj: &Value, causes: &mut Vec<Cause>) {
             None => generate.to_string(),
         };
         if !ok(&masked) {
-            causes.push(Cause::invalid("metadata.generateName", &format!("\"{generate}\""), msg));
+            causes.push(Cause::invalid(
+                "metadata.generateName",
+                &format!("\"{generate}\""),
+                msg,
+            ));
         }
     }
     if name.is_empty() {
-        causes.push(Cause::required("metadata.name", "name or generateName is required"));
+        causes.push(Cause::required(
+            "metadata.name",
+            "name or generateName is required",
+        ));
     } else if !ok(name) {
         causes.push(Cause::invalid("metadata.name", &format!("\"{name}\""), msg));
     }
 }
 
-fn access_mode_causes(obj: &Value, field: &str, ptr: &str, required_msg: &str, causes: &mut Vec<Cause>) {
+fn access_mode_causes(
+    obj: &Value,
+    field: &str,
+    ptr: &str,
+    required_msg: &str,
+    causes: &mut Vec<Cause>,
+) {
     let modes = obj.pointer(ptr).and_then(Value::as_array);
     match modes {
         None => causes.push(Cause::required(field, required_msg)),
@@ -205,7 +253,11 @@ fn storage_causes(obj: &Value, ptr: &str, field: &str, causes: &mut Vec<Cause>) 
         None => causes.push(Cause::required(field, "")),
         Some(s) => {
             if quantity::parse(s).is_none_or(|q| q.value <= 0.0) {
-                causes.push(Cause::invalid(field, &format!("\"{s}\""), "must be greater than zero"));
+                causes.push(Cause::invalid(
+                    field,
+                    &format!("\"{s}\""),
+                    "must be greater than zero",
+                ));
             }
         }
     }
@@ -214,23 +266,52 @@ fn storage_causes(obj: &Value, ptr: &str, field: &str, causes: &mut Vec<Cause>) 
 fn spec_causes(res: &ResourceInfo, obj: &Value, causes: &mut Vec<Cause>) {
     match (res.group, res.kind) {
         ("", "PersistentVolumeClaim") => {
-            access_mode_causes(obj, "spec.accessModes", "/spec/accessModes", "at least 1 access mode is required", causes);
-            storage_causes(obj, "/spec/resources/requests/storage", "spec.resources[storage]", causes);
+            access_mode_causes(
+                obj,
+                "spec.accessModes",
+                "/spec/accessModes",
+                "at least 1 access mode is required",
+                causes,
+            );
+            storage_causes(
+                obj,
+                "/spec/resources/requests/storage",
+                "spec.resources[storage]",
+                causes,
+            );
             if let Some(m) = str_at(obj, "/spec/volumeMode")
                 && !["Block", "Filesystem"].contains(&m)
             {
-                causes.push(Cause::not_supported("spec.volumeMode", m, &["Block", "Filesystem"]));
+                causes.push(Cause::not_supported(
+                    "spec.volumeMode",
+                    m,
+                    &["Block", "Filesystem"],
+                ));
             }
         }
         ("", "PersistentVolume") => {
-            access_mode_causes(obj, "spec.accessModes", "/spec/accessModes", "must specify at least 1 access mode", causes);
+            access_mode_causes(
+                obj,
+                "spec.accessModes",
+                "/spec/accessModes",
+                "must specify at least 1 access mode",
+                causes,
+            );
             if obj.pointer("/spec/capacity").is_none() {
                 causes.push(Cause::required("spec.capacity", ""));
             } else {
-                storage_causes(obj, "/spec/capacity/storage", "spec.capacity[storage]", causes);
+                storage_causes(
+                    obj,
+                    "/spec/capacity/storage",
+                    "spec.capacity[storage]",
+                    causes,
+                );
             }
             let spec = obj.get("spec").and_then(Value::as_object);
-            if !PV_SOURCES.iter().any(|s| spec.is_some_and(|m| m.contains_key(*s))) {
+            if !PV_SOURCES
+                .iter()
+                .any(|s| spec.is_some_and(|m| m.contains_key(*s)))
+            {
                 causes.push(Cause::required("spec", "must specify a volume type"));
             }
             if let Some(p) = str_at(obj, "/spec/persistentVolumeReclaimPolicy")
@@ -250,7 +331,11 @@ fn spec_causes(res: &ResourceInfo, obj: &Value, causes: &mut Vec<Cause>) {
             if let Some(m) = str_at(obj, "/volumeBindingMode")
                 && !["Immediate", "WaitForFirstConsumer"].contains(&m)
             {
-                causes.push(Cause::not_supported("volumeBindingMode", m, &["Immediate", "WaitForFirstConsumer"]));
+                causes.push(Cause::not_supported(
+                    "volumeBindingMode",
+                    m,
+                    &["Immediate", "WaitForFirstConsumer"],
+                ));
             }
         }
         _ => {}
@@ -261,10 +346,17 @@ fn status_causes(res: &ResourceInfo, obj: &Value, causes: &mut Vec<Cause>) {
     if res.kind != "PersistentVolumeClaim" || !res.group.is_empty() {
         return;
     }
-    if let Some(m) = obj.pointer("/status/allocatedResourceStatuses").and_then(Value::as_object) {
+    if let Some(m) = obj
+        .pointer("/status/allocatedResourceStatuses")
+        .and_then(Value::as_object)
+    {
         for (k, v) in m {
             if !v.as_str().is_some_and(|s| RESIZE_STATUSES.contains(&s)) {
-                causes.push(Cause::not_supported("status.allocatedResourceStatuses", k, RESIZE_STATUSES));
+                causes.push(Cause::not_supported(
+                    "status.allocatedResourceStatuses",
+                    k,
+                    RESIZE_STATUSES,
+                ));
             }
         }
     }
@@ -293,7 +385,10 @@ fn storage_of(obj: &Value, ptr: &str) -> Option<f64> {
 /// A Go-struct-diff-like rendering of the changed PVC spec fields (for the immutability error).
 fn spec_diff(old: &Value, new: &Value) -> String {
     let mut out = String::new();
-    if let (Some(o), Some(n)) = (old.get("spec").and_then(Value::as_object), new.get("spec").and_then(Value::as_object)) {
+    if let (Some(o), Some(n)) = (
+        old.get("spec").and_then(Value::as_object),
+        new.get("spec").and_then(Value::as_object),
+    ) {
         let keys: std::collections::BTreeSet<&String> = o.keys().chain(n.keys()).collect();
         for k in keys {
             if o.get(k) != n.get(k) {
@@ -308,7 +403,12 @@ fn spec_diff(old: &Value, new: &Value) -> String {
     out
 }
 
-fn pvc_update(res: &ResourceInfo, old: &Value, new: &Value, view: &StoreView<'_>) -> Result<(), ApiError> {
+fn pvc_update(
+    res: &ResourceInfo,
+    old: &Value,
+    new: &Value,
+    view: &StoreView<'_>,
+) -> Result<(), ApiError> {
     let name = util::name_of(new);
     let bound = str_at(old, "/status/phase") == Some("Bound");
     let old_req = storage_of(old, "/spec/resources/requests/storage");
@@ -317,9 +417,9 @@ fn pvc_update(res: &ResourceInfo, old: &Value, new: &Value, view: &StoreView<'_>
     // PersistentVolumeClaimResize admission: only bound claims of expandable classes grow.
     if bound && growing {
         let class = str_at(old, "/spec/storageClassName").unwrap_or_default();
-        let allowed = view
-            .get("storageclasses", "", class)
-            .is_some_and(|sc| sc.get("allowVolumeExpansion").and_then(Value::as_bool) == Some(true));
+        let allowed = view.get("storageclasses", "", class).is_some_and(|sc| {
+            sc.get("allowVolumeExpansion").and_then(Value::as_bool) == Some(true)
+        });
         if !allowed {
             return Err(ApiError::forbidden(
                 res,
@@ -383,7 +483,10 @@ pub(crate) fn validate_update(
     // No new finalizers once an object is terminating.
     if util::is_terminating(old) {
         let before = finalizers(old);
-        let added: Vec<String> = finalizers(new).into_iter().filter(|f| !before.contains(f)).collect();
+        let added: Vec<String> = finalizers(new)
+            .into_iter()
+            .filter(|f| !before.contains(f))
+            .collect();
         if !added.is_empty() {
             let list: Vec<String> = added.iter().map(|f| format!("\"{f}\"")).collect();
             return Err(ApiError::invalid(
@@ -403,9 +506,17 @@ pub(crate) fn validate_update(
         ("", "PersistentVolumeClaim") => pvc_update(res, old, new, view),
         ("storage.k8s.io", "StorageClass") => {
             let mut causes = Vec::new();
-            for f in ["parameters", "provisioner", "reclaimPolicy", "volumeBindingMode"] {
+            for f in [
+                "parameters",
+                "provisioner",
+                "reclaimPolicy",
+                "volumeBindingMode",
+            ] {
                 if old.get(f) != new.get(f) {
-                    causes.push(Cause::forbidden(f, &format!("updates to {f} are forbidden.")));
+                    causes.push(Cause::forbidden(
+                        f,
+                        &format!("updates to {f} are forbidden."),
+                    ));
                 }
             }
             fail(res, new, causes)

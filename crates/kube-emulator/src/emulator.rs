@@ -28,7 +28,8 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn count(&self, verb: &str, resource: &str) {
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        *c.entry((verb.to_string(), resource.to_string())).or_insert(0) += 1;
+        *c.entry((verb.to_string(), resource.to_string()))
+            .or_insert(0) += 1;
     }
 }
 
@@ -130,9 +131,12 @@ fn seed_namespace(store: &Store, name: &str) {
         "status": {"phase": "Active"},
     });
     let key = (String::new(), name.to_string());
-    if let Err(e) = store.write(resources::core("namespaces").storage, &key, Origin::Client, |_, _| {
-        Ok(Action::Put(obj))
-    }) {
+    if let Err(e) = store.write(
+        resources::core("namespaces").storage,
+        &key,
+        Origin::Client,
+        |_, _| Ok(Action::Put(obj)),
+    ) {
         tracing::error!(namespace = name, error = %e, "seeding namespace failed");
     }
 }
@@ -171,7 +175,12 @@ impl Emulator {
     /// `patch`, `delete`, `deletecollection`) and `resource` (plural, or `plural/subresource`);
     /// `"*"` matches anything.
     pub fn request_count(&self, verb: &str, resource: &str) -> u64 {
-        let c = self.inner.shared.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let c = self
+            .inner
+            .shared
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         c.iter()
             .filter(|((v, r), _)| (verb == "*" || v == verb) && (resource == "*" || r == resource))
             .map(|(_, n)| n)

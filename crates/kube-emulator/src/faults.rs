@@ -21,7 +21,8 @@ struct Rule {
 
 impl Rule {
     fn matches(&self, verb: &str, resource: &str) -> bool {
-        (self.verb == "*" || self.verb == verb) && (self.resource == "*" || self.resource == resource)
+        (self.verb == "*" || self.verb == verb)
+            && (self.resource == "*" || self.resource == resource)
     }
 }
 
@@ -93,7 +94,10 @@ impl Faults {
     pub(crate) fn take(&self, verb: &str, resource: &str) -> Verdict {
         let mut verdict = Verdict::default();
         let mut rules = self.rules();
-        for rule in rules.iter_mut().filter(|r| r.remaining > 0 && r.matches(verb, resource)) {
+        for rule in rules
+            .iter_mut()
+            .filter(|r| r.remaining > 0 && r.matches(verb, resource))
+        {
             match rule.effect {
                 Effect::Delay(d) if verdict.delay.is_none() => {
                     verdict.delay = Some(d);

@@ -8,7 +8,10 @@ use clap::Parser;
 use kube_emulator::{DEFAULT_WATCH_HISTORY, Emulator};
 
 #[derive(Debug, Parser)]
-#[command(name = "kube-emulator", about = "In-memory Kubernetes API server for tests and demos")]
+#[command(
+    name = "kube-emulator",
+    about = "In-memory Kubernetes API server for tests and demos"
+)]
 struct Args {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:6443")]

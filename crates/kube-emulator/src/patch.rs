@@ -27,7 +27,9 @@ impl PatchKind {
             "application/json-patch+json" => Some(PatchKind::Json),
             "application/merge-patch+json" => Some(PatchKind::Merge),
             "application/strategic-merge-patch+json" => Some(PatchKind::Strategic),
-            "application/apply-patch+yaml" | "application/apply-patch+json" => Some(PatchKind::Apply),
+            "application/apply-patch+yaml" | "application/apply-patch+json" => {
+                Some(PatchKind::Apply)
+            }
             _ => None,
         }
     }
@@ -36,8 +38,13 @@ impl PatchKind {
 /// Merge key of a list field, by the field name (covers the core types we serve).
 fn merge_key(field: &str) -> Option<&'static str> {
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env"
-        | "imagePullSecrets" | "drivers" => Some("name"),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "drivers" => Some("name"),
         "volumeMounts" => Some("mountPath"),
         "volumeDevices" => Some("devicePath"),
         "ports" => Some("containerPort"),
@@ -111,7 +118,8 @@ fn merge_map(target: &mut Map<String, Value>, patch: &Map<String, Value>, delete
     }
     for (k, v) in patch {
         if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
-            if let (Some(Value::Array(list)), Some(remove)) = (target.get_mut(field), v.as_array()) {
+            if let (Some(Value::Array(list)), Some(remove)) = (target.get_mut(field), v.as_array())
+            {
                 list.retain(|x| !remove.contains(x));
             }
             continue;
@@ -195,7 +203,11 @@ pub(crate) fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), ApiError>
         },
         other => ApiError {
             details: Some(serde_json::json!({})),
-            ..ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {other}"))
+            ..ApiError::new(
+                422,
+                "Invalid",
+                format!("the server rejected our request due to an error in our request: {other}"),
+            )
         },
     })
 }
@@ -213,8 +225,15 @@ mod tests {
     #[test]
     fn strategic_merge_merges_finalizers_patch_first() {
         let mut doc = json!({"metadata": {"finalizers": ["kubernetes.io/pvc-protection"]}});
-        strategic_merge(&mut doc, &json!({"metadata": {"finalizers": ["example.com/a"]}})).unwrap();
-        assert_eq!(doc["metadata"]["finalizers"], json!(["example.com/a", "kubernetes.io/pvc-protection"]));
+        strategic_merge(
+            &mut doc,
+            &json!({"metadata": {"finalizers": ["example.com/a"]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            doc["metadata"]["finalizers"],
+            json!(["example.com/a", "kubernetes.io/pvc-protection"])
+        );
     }
 
     #[test]
@@ -226,26 +245,39 @@ mod tests {
         )
         .unwrap();
         assert_eq!(doc["spec"]["accessModes"], json!(["ReadOnlyMany"]));
-        assert_eq!(doc["spec"]["containers"], json!([{"name": "a", "image": "y"}, {"name": "b"}]));
+        assert_eq!(
+            doc["spec"]["containers"],
+            json!([{"name": "a", "image": "y"}, {"name": "b"}])
+        );
     }
 
     #[test]
     fn strategic_merge_directives() {
-        let mut doc = json!({"metadata": {"labels": {"a": "1", "b": "2"}, "finalizers": ["x", "y"]}});
+        let mut doc =
+            json!({"metadata": {"labels": {"a": "1", "b": "2"}, "finalizers": ["x", "y"]}});
         strategic_merge(
             &mut doc,
             &json!({"metadata": {"labels": {"a": null}, "$deleteFromPrimitiveList/finalizers": ["x"], "$setElementOrder/finalizers": ["y"]}}),
         )
         .unwrap();
-        assert_eq!(doc, json!({"metadata": {"labels": {"b": "2"}, "finalizers": ["y"]}}));
+        assert_eq!(
+            doc,
+            json!({"metadata": {"labels": {"b": "2"}, "finalizers": ["y"]}})
+        );
     }
 
     #[test]
     fn failed_json_patch_test_is_generic_422() {
         let mut doc = json!({"metadata": {"finalizers": ["a"]}});
-        let err = json_patch(&mut doc, &json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "b"}]))
-            .unwrap_err();
+        let err = json_patch(
+            &mut doc,
+            &json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "b"}]),
+        )
+        .unwrap_err();
         assert_eq!(err.code, 422);
-        assert_eq!(err.message, "the server rejected our request due to an error in our request");
+        assert_eq!(
+            err.message,
+            "the server rejected our request due to an error in our request"
+        );
     }
 }

@@ -66,7 +66,11 @@ pub(crate) fn parse(s: &str) -> Option<Quantity> {
             let exact = (e >= 0 && !num.contains('.'))
                 .then(|| num.parse::<i128>().ok())
                 .flatten()
-                .and_then(|n| 10i128.checked_pow(e.unsigned_abs()).and_then(|p| n.checked_mul(p)));
+                .and_then(|n| {
+                    10i128
+                        .checked_pow(e.unsigned_abs())
+                        .and_then(|p| n.checked_mul(p))
+                });
             return Some(Quantity {
                 value: v,
                 exact,
@@ -121,10 +125,22 @@ mod tests {
 
     #[test]
     fn parses_and_canonicalises() {
-        assert_eq!(parse("1Gi").and_then(|q| q.canonical()).as_deref(), Some("1Gi"));
-        assert_eq!(parse("1024Mi").and_then(|q| q.canonical()).as_deref(), Some("1Gi"));
-        assert_eq!(parse("1536Mi").and_then(|q| q.canonical()).as_deref(), Some("1536Mi"));
-        assert_eq!(parse("1000M").and_then(|q| q.canonical()).as_deref(), Some("1G"));
+        assert_eq!(
+            parse("1Gi").and_then(|q| q.canonical()).as_deref(),
+            Some("1Gi")
+        );
+        assert_eq!(
+            parse("1024Mi").and_then(|q| q.canonical()).as_deref(),
+            Some("1Gi")
+        );
+        assert_eq!(
+            parse("1536Mi").and_then(|q| q.canonical()).as_deref(),
+            Some("1536Mi")
+        );
+        assert_eq!(
+            parse("1000M").and_then(|q| q.canonical()).as_deref(),
+            Some("1G")
+        );
         assert_eq!(
             parse("2147483648").and_then(|q| q.canonical()).as_deref(),
             Some("2147483648")
@@ -132,6 +148,9 @@ mod tests {
         assert!(parse("1 GB").is_none());
         assert!(parse("abc").is_none());
         assert!(parse("-1Gi").map(|q| q.value < 0.0).unwrap_or(false));
-        assert!(parse("2Gi").map(|q| q.value).unwrap_or(0.0) > parse("1Gi").map(|q| q.value).unwrap_or(0.0));
+        assert!(
+            parse("2Gi").map(|q| q.value).unwrap_or(0.0)
+                > parse("1Gi").map(|q| q.value).unwrap_or(0.0)
+        );
     }
 }

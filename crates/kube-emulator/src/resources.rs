@@ -57,7 +57,9 @@ impl ResourceInfo {
 
     pub fn verbs(&self) -> &'static [&'static str] {
         if self.plural == "namespaces" {
-            &["create", "delete", "get", "list", "patch", "update", "watch"]
+            &[
+                "create", "delete", "get", "list", "patch", "update", "watch",
+            ]
         } else {
             &[
                 "create",
@@ -95,10 +97,46 @@ macro_rules! res {
 
 /// Every served resource. Order is discovery order within a group.
 pub(crate) static RESOURCES: &[ResourceInfo] = &[
-    res!("", "configmaps", "configmap", "ConfigMap", true, &["cm"], false, "qFsyl6wFWjQ="),
-    res!("", "events", "event", "Event", true, &["ev"], false, "r2yiGXH7wu8="),
-    res!("", "namespaces", "namespace", "Namespace", false, &["ns"], true, "Q3oi5N2YM8M="),
-    res!("", "nodes", "node", "Node", false, &["no"], true, "XwShjMxG9Fs="),
+    res!(
+        "",
+        "configmaps",
+        "configmap",
+        "ConfigMap",
+        true,
+        &["cm"],
+        false,
+        "qFsyl6wFWjQ="
+    ),
+    res!(
+        "",
+        "events",
+        "event",
+        "Event",
+        true,
+        &["ev"],
+        false,
+        "r2yiGXH7wu8="
+    ),
+    res!(
+        "",
+        "namespaces",
+        "namespace",
+        "Namespace",
+        false,
+        &["ns"],
+        true,
+        "Q3oi5N2YM8M="
+    ),
+    res!(
+        "",
+        "nodes",
+        "node",
+        "Node",
+        false,
+        &["no"],
+        true,
+        "XwShjMxG9Fs="
+    ),
     res!(
         "",
         "persistentvolumeclaims",
@@ -121,20 +159,74 @@ pub(crate) static RESOURCES: &[ResourceInfo] = &[
     ),
     ResourceInfo {
         categories: &["all"],
-        ..res!("", "pods", "pod", "Pod", true, &["po"], true, "xPOwRZ+Yhw8=")
+        ..res!(
+            "",
+            "pods",
+            "pod",
+            "Pod",
+            true,
+            &["po"],
+            true,
+            "xPOwRZ+Yhw8="
+        )
     },
-    res!("", "secrets", "secret", "Secret", true, &[], false, "S6u1pOWzb84="),
+    res!(
+        "",
+        "secrets",
+        "secret",
+        "Secret",
+        true,
+        &[],
+        false,
+        "S6u1pOWzb84="
+    ),
     ResourceInfo {
         allow_unconditional_update: false,
-        ..res!("coordination.k8s.io", "leases", "lease", "Lease", true, &[], false, "gqkMMb/YqFM=")
+        ..res!(
+            "coordination.k8s.io",
+            "leases",
+            "lease",
+            "Lease",
+            true,
+            &[],
+            false,
+            "gqkMMb/YqFM="
+        )
     },
     ResourceInfo {
         storage: "events",
         view: View::EventsV1,
-        ..res!("events.k8s.io", "events", "event", "Event", true, &["ev"], false, "r2yiGXH7wu8=")
+        ..res!(
+            "events.k8s.io",
+            "events",
+            "event",
+            "Event",
+            true,
+            &["ev"],
+            false,
+            "r2yiGXH7wu8="
+        )
     },
-    res!("storage.k8s.io", "csidrivers", "csidriver", "CSIDriver", false, &[], false, "hL6j/rwBV5w="),
-    res!("storage.k8s.io", "csinodes", "csinode", "CSINode", false, &[], false, "Pe62DkZtjuo="),
+    res!(
+        "storage.k8s.io",
+        "csidrivers",
+        "csidriver",
+        "CSIDriver",
+        false,
+        &[],
+        false,
+        "hL6j/rwBV5w="
+    ),
+    res!(
+        "storage.k8s.io",
+        "csinodes",
+        "csinode",
+        "CSINode",
+        false,
+        &[],
+        false,
+        "Pe62DkZtjuo="
+    ),
     res!(
         "storage.k8s.io",
         "storageclasses",

@@ -115,7 +115,11 @@ pub(crate) fn canonicalize_quantities(res: &ResourceInfo, obj: &mut Value) {
             continue;
         };
         for v in map.values_mut() {
-            if let Some(c) = v.as_str().and_then(quantity::parse).and_then(|q| q.canonical()) {
+            if let Some(c) = v
+                .as_str()
+                .and_then(quantity::parse)
+                .and_then(|q| q.canonical())
+            {
                 *v = Value::String(c);
             }
         }
@@ -130,7 +134,8 @@ fn check_micro_time(s: &str) -> Result<(), String> {
             "parsing time \"{s}\" as \"{layout}\": cannot parse \"{rest}\" as \"{elem}\""
         ))
     };
-    if s.len() < 19 || chrono::NaiveDateTime::parse_from_str(&s[..19], "%Y-%m-%dT%H:%M:%S").is_err() {
+    if s.len() < 19 || chrono::NaiveDateTime::parse_from_str(&s[..19], "%Y-%m-%dT%H:%M:%S").is_err()
+    {
         return fail(s, "2006");
     }
     let rest = &s[19..];
@@ -165,7 +170,11 @@ fn check_lease_times(res: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
 }
 
 /// Decodes `body` as an object of `res`. `strict` turns unknown fields into a 400.
-pub(crate) fn decode(res: &ResourceInfo, mut body: Value, strict: bool) -> Result<Decoded, ApiError> {
+pub(crate) fn decode(
+    res: &ResourceInfo,
+    mut body: Value,
+    strict: bool,
+) -> Result<Decoded, ApiError> {
     let Some(map) = body.as_object_mut() else {
         return Err(ApiError::cannot_handle(
             res,
@@ -205,11 +214,15 @@ pub(crate) fn decode(res: &ResourceInfo, mut body: Value, strict: bool) -> Resul
     }
     check_quantities(res, &mut body)?;
     check_lease_times(res, &body)?;
-    let output = typed_roundtrip(res, body.clone()).map_err(|e| ApiError::cannot_handle(res, &e))?;
+    let output =
+        typed_roundtrip(res, body.clone()).map_err(|e| ApiError::cannot_handle(res, &e))?;
     let mut unknown = Vec::new();
     unknown_fields(&body, &output, "", &mut unknown);
     if strict && !unknown.is_empty() {
-        let list: Vec<String> = unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
+        let list: Vec<String> = unknown
+            .iter()
+            .map(|u| format!("unknown field \"{u}\""))
+            .collect();
         return Err(ApiError::cannot_handle(
             res,
             &format!("strict decoding error: {}", list.join(", ")),
@@ -228,11 +241,17 @@ mod tests {
     #[test]
     fn micro_time_errors_match_go() {
         assert!(check_micro_time("2026-01-01T00:00:00.000000Z").is_ok());
-        assert!(check_micro_time("2026-01-01T00:00:00Z")
-            .is_err_and(|e| e.ends_with("cannot parse \"Z\" as \".000000\"")));
-        assert!(check_micro_time("2026-01-01T00:00:00.5Z")
-            .is_err_and(|e| e.ends_with("cannot parse \".5Z\" as \".000000\"")));
-        assert!(check_micro_time("2026-01-01T00:00:00.123456789Z")
-            .is_err_and(|e| e.ends_with("cannot parse \"789Z\" as \"Z07:00\"")));
+        assert!(
+            check_micro_time("2026-01-01T00:00:00Z")
+                .is_err_and(|e| e.ends_with("cannot parse \"Z\" as \".000000\""))
+        );
+        assert!(
+            check_micro_time("2026-01-01T00:00:00.5Z")
+                .is_err_and(|e| e.ends_with("cannot parse \".5Z\" as \".000000\""))
+        );
+        assert!(
+            check_micro_time("2026-01-01T00:00:00.123456789Z")
+                .is_err_and(|e| e.ends_with("cannot parse \"789Z\" as \"Z07:00\""))
+        );
     }
 }

@@ -182,7 +182,11 @@ mod tests {
     #[test]
     fn label_selector_operators() {
         let obj = json!({"metadata": {"labels": {"app": "db", "tier": "gold"}}});
-        let m = |s: &str| LabelSelector::parse(s).map(|l| l.matches(&obj)).unwrap_or(false);
+        let m = |s: &str| {
+            LabelSelector::parse(s)
+                .map(|l| l.matches(&obj))
+                .unwrap_or(false)
+        };
         assert!(m("app=db"));
         assert!(m("app==db,tier"));
         assert!(!m("app!=db"));
@@ -195,7 +199,11 @@ mod tests {
     #[test]
     fn field_selector_paths() {
         let obj = json!({"metadata": {"name": "a", "namespace": "default"}, "involvedObject": {"name": "pvc"}});
-        let m = |s: &str| FieldSelector::parse(s).map(|f| f.matches(&obj)).unwrap_or(false);
+        let m = |s: &str| {
+            FieldSelector::parse(s)
+                .map(|f| f.matches(&obj))
+                .unwrap_or(false)
+        };
         assert!(m("metadata.name=a"));
         assert!(m("involvedObject.name=pvc,metadata.namespace=default"));
         assert!(!m("metadata.name!=a"));

@@ -26,7 +26,11 @@ impl std::fmt::Debug for Store {
 }
 
 impl ServerHandle {
-    pub(crate) async fn start(router: axum::Router, store: Arc<Store>, addr: SocketAddr) -> std::io::Result<ServerHandle> {
+    pub(crate) async fn start(
+        router: axum::Router,
+        store: Arc<Store>,
+        addr: SocketAddr,
+    ) -> std::io::Result<ServerHandle> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (tx, rx) = oneshot::channel::<()>();
@@ -78,7 +82,10 @@ impl ServerHandle {
         self.store.drop_watches("*");
         if let Some(task) = self.task.take() {
             let abort = task.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), task).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_err()
+            {
                 abort.abort();
             }
         }

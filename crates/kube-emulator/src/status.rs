@@ -197,7 +197,11 @@ impl ApiError {
         } else {
             format!(
                 "[{}]",
-                causes.iter().map(Cause::full).collect::<Vec<_>>().join(", ")
+                causes
+                    .iter()
+                    .map(Cause::full)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         };
         let mut d = Map::new();
@@ -280,7 +284,10 @@ impl ApiError {
         let (reason, message): (&'static str, String) = match code {
             400 => ("BadRequest", "injected fault".into()),
             401 => ("Unauthorized", "Unauthorized".into()),
-            403 => ("Forbidden", format!("{resource} is forbidden: injected fault")),
+            403 => (
+                "Forbidden",
+                format!("{resource} is forbidden: injected fault"),
+            ),
             404 => ("NotFound", format!("{resource} not found (injected fault)")),
             409 => (
                 "Conflict",
@@ -295,8 +302,15 @@ impl ApiError {
                 "The server has received too many requests and has asked us to try again later"
                     .into(),
             ),
-            503 => ("ServiceUnavailable", "The server is currently unable to handle the request (injected fault)".into()),
-            504 => ("Timeout", "Timeout: request did not complete within the allotted timeout (injected fault)".into()),
+            503 => (
+                "ServiceUnavailable",
+                "The server is currently unable to handle the request (injected fault)".into(),
+            ),
+            504 => (
+                "Timeout",
+                "Timeout: request did not complete within the allotted timeout (injected fault)"
+                    .into(),
+            ),
             _ => (
                 "InternalError",
                 format!("Internal error occurred: injected fault for {verb} {resource}"),

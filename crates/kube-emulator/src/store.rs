@@ -322,9 +322,12 @@ impl Store {
         let st = self.lock();
         let hist = st.history.get(storage);
         if hist.is_some_and(|h| rv < h.evicted_rv) {
-            return Err(ApiError::expired("The resourceVersion for the provided list is too old."));
+            return Err(ApiError::expired(
+                "The resourceVersion for the provided list is too old.",
+            ));
         }
-        let mut objects: BTreeMap<Key, Arc<Value>> = st.objects.get(storage).cloned().unwrap_or_default();
+        let mut objects: BTreeMap<Key, Arc<Value>> =
+            st.objects.get(storage).cloned().unwrap_or_default();
         if let Some(h) = hist {
             for e in h.events.iter().rev().take_while(|e| e.rv > rv) {
                 let key = key_of(&e.object);
@@ -342,7 +345,13 @@ impl Store {
     }
 
     /// Runs `f` on the current object (if any) under the store lock and applies its decision.
-    pub fn write<F>(&self, storage: &'static str, key: &Key, origin: Origin, f: F) -> Result<Written, ApiError>
+    pub fn write<F>(
+        &self,
+        storage: &'static str,
+        key: &Key,
+        origin: Origin,
+        f: F,
+    ) -> Result<Written, ApiError>
     where
         F: FnOnce(&StoreView<'_>, Option<&Arc<Value>>) -> Result<Action, ApiError>,
     {
@@ -364,7 +373,15 @@ impl Store {
                     .entry(storage)
                     .or_default()
                     .insert(key_of(&obj), obj.clone());
-                self.emit(&mut st, storage, rv, EventType::Added, obj.clone(), None, origin);
+                self.emit(
+                    &mut st,
+                    storage,
+                    rv,
+                    EventType::Added,
+                    obj.clone(),
+                    None,
+                    origin,
+                );
                 Written::Created(obj)
             }
             (Action::Put(mut obj), Some(old)) => {
@@ -388,7 +405,15 @@ impl Store {
                     }
                     let mut gone = (*old).clone();
                     set_rv(&mut gone, rv);
-                    self.emit(&mut st, storage, rv, EventType::Deleted, Arc::new(gone), Some(old), origin);
+                    self.emit(
+                        &mut st,
+                        storage,
+                        rv,
+                        EventType::Deleted,
+                        Arc::new(gone),
+                        Some(old),
+                        origin,
+                    );
                     Written::Finalized(Arc::new(obj))
                 } else {
                     st.rv += 1;
@@ -399,7 +424,15 @@ impl Store {
                         .entry(storage)
                         .or_default()
                         .insert(key.clone(), obj.clone());
-                    self.emit(&mut st, storage, rv, EventType::Modified, obj.clone(), Some(old), origin);
+                    self.emit(
+                        &mut st,
+                        storage,
+                        rv,
+                        EventType::Modified,
+                        obj.clone(),
+                        Some(old),
+                        origin,
+                    );
                     Written::Updated(obj)
                 }
             }
@@ -412,7 +445,15 @@ impl Store {
                 let mut gone = (*old).clone();
                 set_rv(&mut gone, rv);
                 let gone = Arc::new(gone);
-                self.emit(&mut st, storage, rv, EventType::Deleted, gone.clone(), Some(old), origin);
+                self.emit(
+                    &mut st,
+                    storage,
+                    rv,
+                    EventType::Deleted,
+                    gone.clone(),
+                    Some(old),
+                    origin,
+                );
                 Written::Removed(gone)
             }
         };
@@ -455,7 +496,11 @@ impl Store {
             match w.tx.try_send(item) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(_)) => {
-                    tracing::warn!(watcher = w.id, resource = storage, "watch queue overflowed; ending the stream");
+                    tracing::warn!(
+                        watcher = w.id,
+                        resource = storage,
+                        "watch queue overflowed; ending the stream"
+                    );
                     dead.push(w.id);
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => dead.push(w.id),
@@ -538,7 +583,8 @@ impl Store {
     pub fn drop_watches(&self, storage: &str) -> usize {
         let mut st = self.lock();
         let before = st.watchers.len();
-        st.watchers.retain(|w| storage != "*" && w.storage != storage);
+        st.watchers
+            .retain(|w| storage != "*" && w.storage != storage);
         before - st.watchers.len()
     }
 

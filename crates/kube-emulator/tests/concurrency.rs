@@ -16,7 +16,13 @@ const PER_WRITER: usize = 50;
 async fn three_hundred_watchers_each_see_every_write_from_ten_writers() {
     let emu = Emulator::builder().pv_controller(false).build();
     let cms: Api<ConfigMap> = Api::default_namespaced(emu.client());
-    let rv = cms.list(&Default::default()).await.unwrap().metadata.resource_version.unwrap();
+    let rv = cms
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
     let mut watchers = Vec::new();
     for _ in 0..WATCHERS {
         let stream = cms.watch(&WatchParams::default(), &rv).await.unwrap();
@@ -40,7 +46,9 @@ async fn three_hundred_watchers_each_see_every_write_from_ten_writers() {
         let cms = cms.clone();
         writers.push(tokio::spawn(async move {
             for i in 0..PER_WRITER {
-                let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("w{w}-{i}")}})).unwrap();
+                let cm: ConfigMap =
+                    serde_json::from_value(json!({"metadata": {"name": format!("w{w}-{i}")}}))
+                        .unwrap();
                 cms.create(&PostParams::default(), &cm).await.unwrap();
             }
         }));
@@ -52,6 +60,12 @@ async fn three_hundred_watchers_each_see_every_write_from_ten_writers() {
     for w in watchers {
         assert_eq!(w.await.unwrap(), WRITERS * PER_WRITER);
     }
-    assert!(write_time < Duration::from_secs(20), "writers took {write_time:?}");
-    assert_eq!(emu.request_count("create", "configmaps"), (WRITERS * PER_WRITER) as u64);
+    assert!(
+        write_time < Duration::from_secs(20),
+        "writers took {write_time:?}"
+    );
+    assert_eq!(
+        emu.request_count("create", "configmaps"),
+        (WRITERS * PER_WRITER) as u64
+    );
 }

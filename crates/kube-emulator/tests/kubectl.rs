@@ -35,26 +35,45 @@ impl Server {
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !kubeconfig.exists() {
-            assert!(Instant::now() < deadline, "emulator did not write its kubeconfig");
+            assert!(
+                Instant::now() < deadline,
+                "emulator did not write its kubeconfig"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Server { child, kubeconfig, _dir: dir }
+        Server {
+            child,
+            kubeconfig,
+            _dir: dir,
+        }
     }
 
     fn addr(&self) -> String {
         let text = std::fs::read_to_string(&self.kubeconfig).unwrap();
-        let line = text.lines().find(|l| l.trim_start().starts_with("server:")).unwrap();
-        line.trim().trim_start_matches("server: http://").to_string()
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("server:"))
+            .unwrap();
+        line.trim()
+            .trim_start_matches("server: http://")
+            .to_string()
     }
 
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
         let mut cmd = Command::new(KUBECTL);
         cmd.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
         cmd.env("KUBECTL_CACHE_DIR", self._dir.path().join("cache"));
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         if let Some(input) = stdin {
-            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
         }
         drop(child.stdin.take());
         let out = child.wait_with_output().unwrap();
@@ -126,8 +145,14 @@ fn kubectl_apply_get_patch_label_table_and_delete_wait() {
     let dir = tempfile::tempdir().unwrap();
     let sc = write(dir.path(), "sc.yaml", SC);
     let pvc = write(dir.path(), "pvc.yaml", PVC);
-    assert!(srv.ok(&["apply", "-f", &sc], None).contains("storageclass.storage.k8s.io/rbd created"));
-    assert!(srv.ok(&["apply", "-f", &pvc], None).contains("persistentvolumeclaim/demo created"));
+    assert!(
+        srv.ok(&["apply", "-f", &sc], None)
+            .contains("storageclass.storage.k8s.io/rbd created")
+    );
+    assert!(
+        srv.ok(&["apply", "-f", &pvc], None)
+            .contains("persistentvolumeclaim/demo created")
+    );
     // Unchanged apply is a no-op; a changed manifest becomes a strategic merge patch.
     assert!(srv.ok(&["apply", "-f", &pvc], None).contains("unchanged"));
     let labelled = PVC.replace("  name: demo\n", "  name: demo\n  labels:\n    app: demo\n");
@@ -138,31 +163,88 @@ fn kubectl_apply_get_patch_label_table_and_delete_wait() {
     assert_eq!(sc_json["volumeBindingMode"], "Immediate");
     let claim = srv.json(&["get", "pvc", "demo", "-o", "json"]);
     assert_eq!(claim["metadata"]["labels"]["app"], "demo");
-    assert_eq!(claim["metadata"]["finalizers"][0], "kubernetes.io/pvc-protection");
-    assert_eq!(claim["metadata"]["annotations"]["volume.kubernetes.io/storage-provisioner"], "ceph.com/rbd");
+    assert_eq!(
+        claim["metadata"]["finalizers"][0],
+        "kubernetes.io/pvc-protection"
+    );
+    assert_eq!(
+        claim["metadata"]["annotations"]["volume.kubernetes.io/storage-provisioner"],
+        "ceph.com/rbd"
+    );
 
-    srv.ok(&["patch", "pvc", "demo", "--type", "merge", "-p", r#"{"metadata":{"annotations":{"example.com/note":"patched"}}}"#], None);
-    srv.ok(&["patch", "pvc", "demo", "-p", r#"{"metadata":{"finalizers":["example.com/a"]}}"#], None);
+    srv.ok(
+        &[
+            "patch",
+            "pvc",
+            "demo",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"metadata":{"annotations":{"example.com/note":"patched"}}}"#,
+        ],
+        None,
+    );
+    srv.ok(
+        &[
+            "patch",
+            "pvc",
+            "demo",
+            "-p",
+            r#"{"metadata":{"finalizers":["example.com/a"]}}"#,
+        ],
+        None,
+    );
     srv.ok(&["label", "pvc", "demo", "tier=gold"], None);
     let claim = srv.json(&["get", "pvc", "demo", "-o", "json"]);
-    assert_eq!(claim["metadata"]["annotations"]["example.com/note"], "patched");
+    assert_eq!(
+        claim["metadata"]["annotations"]["example.com/note"],
+        "patched"
+    );
     assert_eq!(claim["metadata"]["labels"]["tier"], "gold");
-    assert_eq!(claim["metadata"]["finalizers"], serde_json::json!(["example.com/a", "kubernetes.io/pvc-protection"]));
-    srv.ok(&["patch", "pvc", "demo", "--type", "json", "-p", r#"[{"op":"remove","path":"/metadata/finalizers/0"}]"#], None);
+    assert_eq!(
+        claim["metadata"]["finalizers"],
+        serde_json::json!(["example.com/a", "kubernetes.io/pvc-protection"])
+    );
+    srv.ok(
+        &[
+            "patch",
+            "pvc",
+            "demo",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"remove","path":"/metadata/finalizers/0"}]"#,
+        ],
+        None,
+    );
 
     let table = srv.ok(&["get", "pvc"], None);
     let header = table.lines().next().unwrap();
-    for col in ["NAME", "STATUS", "VOLUME", "CAPACITY", "ACCESS MODES", "STORAGECLASS", "AGE"] {
+    for col in [
+        "NAME",
+        "STATUS",
+        "VOLUME",
+        "CAPACITY",
+        "ACCESS MODES",
+        "STORAGECLASS",
+        "AGE",
+    ] {
         assert!(header.contains(col), "missing column {col} in:\n{table}");
     }
     assert!(table.lines().nth(1).unwrap().starts_with("demo"));
     let events = srv.ok(&["get", "events"], None);
     assert!(events.contains("ExternalProvisioning"), "{events}");
 
-    let ssa = PVC.replace("  name: demo\n", "  name: demo\n  labels:\n    ssa: \"yes\"\n");
+    let ssa = PVC.replace(
+        "  name: demo\n",
+        "  name: demo\n  labels:\n    ssa: \"yes\"\n",
+    );
     let ssa_file = write(dir.path(), "ssa.yaml", &ssa);
     srv.ok(&["apply", "--server-side", "-f", &ssa_file], None);
-    assert_eq!(srv.json(&["get", "pvc", "demo", "-o", "json"])["metadata"]["labels"]["ssa"], "yes");
+    assert_eq!(
+        srv.json(&["get", "pvc", "demo", "-o", "json"])["metadata"]["labels"]["ssa"],
+        "yes"
+    );
 
     let fault = srv.post("/emulator/faults", r#"{"action":"fail","verb":"get","resource":"persistentvolumeclaims","count":1,"code":500}"#);
     assert!(fault.starts_with("HTTP/1.1 200"), "{fault}");
@@ -171,9 +253,15 @@ fn kubectl_apply_get_patch_label_table_and_delete_wait() {
 
     // delete waits (fieldSelector watch) until the claim is gone.
     let start = Instant::now();
-    assert!(srv.ok(&["delete", "pvc", "demo", "--timeout=20s"], None).contains("deleted"));
+    assert!(
+        srv.ok(&["delete", "pvc", "demo", "--timeout=20s"], None)
+            .contains("deleted")
+    );
     assert!(start.elapsed() < Duration::from_secs(20));
     let (_, out, err) = srv.kubectl(&["get", "pvc", "demo"], None);
-    assert!(err.contains("NotFound") || err.contains("not found"), "{out}{err}");
+    assert!(
+        err.contains("NotFound") || err.contains("not found"),
+        "{out}{err}"
+    );
     assert!(srv.ok(&["delete", "sc", "rbd"], None).contains("deleted"));
 }

@@ -64,12 +64,42 @@ async fn read_lines(body: &mut Body, n: usize, timeout: Duration) -> (Vec<Value>
 #[tokio::test]
 async fn watch_from_list_resource_version_sees_added_modified_deleted() {
     let emu = emu();
-    let list_rv = pvcs(&emu).list(&Default::default()).await.unwrap().metadata.resource_version.unwrap();
-    let mut stream = pvcs(&emu).watch(&WatchParams::default(), &list_rv).await.unwrap().boxed();
-    pvcs(&emu).create(&PostParams::default(), &pvc("w", Some("x"), "1Gi")).await.unwrap();
-    pvcs(&emu).patch("w", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}))).await.unwrap();
-    pvcs(&emu).delete("w", &DeleteParams::default()).await.unwrap();
-    pvcs(&emu).patch("w", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    let list_rv = pvcs(&emu)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = pvcs(&emu)
+        .watch(&WatchParams::default(), &list_rv)
+        .await
+        .unwrap()
+        .boxed();
+    pvcs(&emu)
+        .create(&PostParams::default(), &pvc("w", Some("x"), "1Gi"))
+        .await
+        .unwrap();
+    pvcs(&emu)
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
+    pvcs(&emu)
+        .delete("w", &DeleteParams::default())
+        .await
+        .unwrap();
+    pvcs(&emu)
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
     let mut kinds = Vec::new();
     while kinds.len() < 4 {
         match stream.try_next().await.unwrap().unwrap() {
@@ -77,7 +107,10 @@ async fn watch_from_list_resource_version_sees_added_modified_deleted() {
             WatchEvent::Modified(_) => kinds.push("MODIFIED"),
             WatchEvent::Deleted(d) => {
                 // The DELETED event still lists the finalizer that was just removed.
-                assert_eq!(d.metadata.finalizers.unwrap(), ["kubernetes.io/pvc-protection"]);
+                assert_eq!(
+                    d.metadata.finalizers.unwrap(),
+                    ["kubernetes.io/pvc-protection"]
+                );
                 kinds.push("DELETED")
             }
             WatchEvent::Bookmark(_) => {}
@@ -90,7 +123,10 @@ async fn watch_from_list_resource_version_sees_added_modified_deleted() {
 #[tokio::test]
 async fn watch_without_resource_version_starts_with_synthetic_added_and_times_out_cleanly() {
     let emu = emu();
-    pvcs(&emu).create(&PostParams::default(), &pvc("a", Some("x"), "1Gi")).await.unwrap();
+    pvcs(&emu)
+        .create(&PostParams::default(), &pvc("a", Some("x"), "1Gi"))
+        .await
+        .unwrap();
     for path in [
         "/api/v1/namespaces/default/persistentvolumeclaims?watch=1&timeoutSeconds=1",
         "/api/v1/namespaces/default/persistentvolumeclaims?watch=1&resourceVersion=0&timeoutSeconds=1",
@@ -109,10 +145,20 @@ async fn watch_without_resource_version_starts_with_synthetic_added_and_times_ou
 #[tokio::test]
 async fn watch_resumes_from_an_old_resource_version_within_the_window() {
     let emu = emu();
-    let first = pvcs(&emu).create(&PostParams::default(), &pvc("a", Some("x"), "1Gi")).await.unwrap();
-    pvcs(&emu).create(&PostParams::default(), &pvc("b", Some("x"), "1Gi")).await.unwrap();
+    let first = pvcs(&emu)
+        .create(&PostParams::default(), &pvc("a", Some("x"), "1Gi"))
+        .await
+        .unwrap();
+    pvcs(&emu)
+        .create(&PostParams::default(), &pvc("b", Some("x"), "1Gi"))
+        .await
+        .unwrap();
     let rv = first.metadata.resource_version.unwrap();
-    let (_, mut body) = open(&emu, &format!("/api/v1/namespaces/default/persistentvolumeclaims?watch=1&resourceVersion={rv}")).await;
+    let (_, mut body) = open(
+        &emu,
+        &format!("/api/v1/namespaces/default/persistentvolumeclaims?watch=1&resourceVersion={rv}"),
+    )
+    .await;
     let (lines, _) = read_lines(&mut body, 1, Duration::from_secs(2)).await;
     assert_eq!(lines[0]["type"], "ADDED");
     assert_eq!(lines[0]["object"]["metadata"]["name"], "b");
@@ -120,34 +166,71 @@ async fn watch_resumes_from_an_old_resource_version_within_the_window() {
 
 #[tokio::test]
 async fn watch_older_than_the_window_is_200_with_one_410_error_line() {
-    let emu = Emulator::builder().pv_controller(false).watch_history(2).build();
+    let emu = Emulator::builder()
+        .pv_controller(false)
+        .watch_history(2)
+        .build();
     let cms: Api<ConfigMap> = Api::default_namespaced(emu.client());
     for i in 0..5 {
-        cms.create(&PostParams::default(), &cm(&format!("c{i}"))).await.unwrap();
+        cms.create(&PostParams::default(), &cm(&format!("c{i}")))
+            .await
+            .unwrap();
     }
-    let (status, mut body) = open(&emu, "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=1&allowWatchBookmarks=true").await;
+    let (status, mut body) = open(
+        &emu,
+        "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=1&allowWatchBookmarks=true",
+    )
+    .await;
     assert_eq!(status, 200);
     let (lines, ended) = read_lines(&mut body, 5, Duration::from_secs(2)).await;
     assert!(ended);
     assert_eq!(lines.len(), 1);
     assert_eq!(lines[0]["type"], "ERROR");
     let st = &lines[0]["object"];
-    assert_eq!((st["kind"].as_str(), st["code"].as_i64(), st["reason"].as_str()), (Some("Status"), Some(410), Some("Expired")));
-    assert!(st["message"].as_str().unwrap().starts_with("too old resource version: 1 ("));
+    assert_eq!(
+        (
+            st["kind"].as_str(),
+            st["code"].as_i64(),
+            st["reason"].as_str()
+        ),
+        (Some("Status"), Some(410), Some("Expired"))
+    );
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("too old resource version: 1 (")
+    );
 }
 
 #[tokio::test]
 async fn non_numeric_resource_version_is_500() {
     let emu = emu();
-    let r = common::raw(&emu, "GET", "/api/v1/namespaces/default/persistentvolumeclaims?watch=1&resourceVersion=abc", None, "").await;
+    let r = common::raw(
+        &emu,
+        "GET",
+        "/api/v1/namespaces/default/persistentvolumeclaims?watch=1&resourceVersion=abc",
+        None,
+        "",
+    )
+    .await;
     assert_eq!(r.status, 500);
-    assert_eq!(r.body["message"], "resourceVersion: Invalid value: \"abc\": strconv.ParseUint: parsing \"abc\": invalid syntax");
+    assert_eq!(
+        r.body["message"],
+        "resourceVersion: Invalid value: \"abc\": strconv.ParseUint: parsing \"abc\": invalid syntax"
+    );
 }
 
 #[tokio::test]
 async fn bookmarks_are_typed_nearly_empty_objects() {
     let emu = emu();
-    let rv = pvcs(&emu).list(&Default::default()).await.unwrap().metadata.resource_version.unwrap();
+    let rv = pvcs(&emu)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
     let (_, mut body) = open(
         &emu,
         &format!("/api/v1/namespaces/default/persistentvolumeclaims?watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=3"),
@@ -164,7 +247,10 @@ async fn bookmarks_are_typed_nearly_empty_objects() {
 #[tokio::test]
 async fn streaming_list_ends_initial_events_with_annotated_bookmark() {
     let emu = emu();
-    pvcs(&emu).create(&PostParams::default(), &pvc("a", Some("x"), "1Gi")).await.unwrap();
+    pvcs(&emu)
+        .create(&PostParams::default(), &pvc("a", Some("x"), "1Gi"))
+        .await
+        .unwrap();
     let (_, mut body) = open(
         &emu,
         "/api/v1/namespaces/default/persistentvolumeclaims?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=2",
@@ -173,21 +259,52 @@ async fn streaming_list_ends_initial_events_with_annotated_bookmark() {
     let (lines, _) = read_lines(&mut body, 2, Duration::from_secs(2)).await;
     assert_eq!(lines[0]["type"], "ADDED");
     assert_eq!(lines[1]["type"], "BOOKMARK");
-    assert_eq!(lines[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
-    let r = common::raw(&emu, "GET", "/api/v1/namespaces/default/persistentvolumeclaims?watch=1&sendInitialEvents=true", None, "").await;
+    assert_eq!(
+        lines[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    let r = common::raw(
+        &emu,
+        "GET",
+        "/api/v1/namespaces/default/persistentvolumeclaims?watch=1&sendInitialEvents=true",
+        None,
+        "",
+    )
+    .await;
     assert_eq!(r.status, 422);
-    assert_eq!(r.body["details"]["causes"][0]["field"], "resourceVersionMatch");
+    assert_eq!(
+        r.body["details"]["causes"][0]["field"],
+        "resourceVersionMatch"
+    );
 }
 
 #[tokio::test]
 async fn watch_with_selectors_filters_and_translates_transitions() {
     let emu = emu();
-    let (_, mut body) = open(&emu, "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=1&labelSelector=app%3Ddb").await;
+    let (_, mut body) = open(
+        &emu,
+        "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=1&labelSelector=app%3Ddb",
+    )
+    .await;
     let cms: Api<ConfigMap> = Api::default_namespaced(emu.client());
-    cms.create(&PostParams::default(), &cm("other")).await.unwrap();
+    cms.create(&PostParams::default(), &cm("other"))
+        .await
+        .unwrap();
     cms.create(&PostParams::default(), &cm("x")).await.unwrap();
-    cms.patch("x", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"app": "db"}}}))).await.unwrap();
-    cms.patch("x", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}}))).await.unwrap();
+    cms.patch(
+        "x",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "db"}}})),
+    )
+    .await
+    .unwrap();
+    cms.patch(
+        "x",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}})),
+    )
+    .await
+    .unwrap();
     let (lines, _) = read_lines(&mut body, 2, Duration::from_secs(2)).await;
     let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["ADDED", "DELETED"]);
@@ -197,7 +314,11 @@ async fn watch_with_selectors_filters_and_translates_transitions() {
 #[tokio::test]
 async fn future_resource_version_with_timeout_answers_empty_200() {
     let emu = emu();
-    let (status, mut body) = open(&emu, "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=100000&timeoutSeconds=1").await;
+    let (status, mut body) = open(
+        &emu,
+        "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=100000&timeoutSeconds=1",
+    )
+    .await;
     assert_eq!(status, 200);
     let (lines, ended) = read_lines(&mut body, 1, Duration::from_secs(3)).await;
     assert!(ended && lines.is_empty());
@@ -206,28 +327,50 @@ async fn future_resource_version_with_timeout_answers_empty_200() {
 #[tokio::test]
 async fn kube_runtime_watcher_and_reflector_list_watch_and_resume_after_dropped_watches() {
     let emu = emu();
-    pvcs(&emu).create(&PostParams::default(), &pvc("before", Some("x"), "1Gi")).await.unwrap();
+    pvcs(&emu)
+        .create(&PostParams::default(), &pvc("before", Some("x"), "1Gi"))
+        .await
+        .unwrap();
     let (reader, writer) = reflector::store::<PersistentVolumeClaim>();
-    let stream = watcher(pvcs(&emu), watcher::Config::default()).default_backoff().reflect(writer).applied_objects();
+    let stream = watcher(pvcs(&emu), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
     let task = tokio::spawn(async move {
         futures::pin_mut!(stream);
         while stream.next().await.is_some() {}
     });
     reader.wait_until_ready().await.unwrap();
-    assert!(reader.get(&reflector::ObjectRef::new("before").within("default")).is_some());
-    pvcs(&emu).create(&PostParams::default(), &pvc("during", Some("x"), "1Gi")).await.unwrap();
+    assert!(
+        reader
+            .get(&reflector::ObjectRef::new("before").within("default"))
+            .is_some()
+    );
+    pvcs(&emu)
+        .create(&PostParams::default(), &pvc("during", Some("x"), "1Gi"))
+        .await
+        .unwrap();
     eventually("reflector sees 'during'", Duration::from_secs(5), || {
         let r = reader.clone();
-        async move { r.get(&reflector::ObjectRef::new("during").within("default")).map(|_| ()) }
+        async move {
+            r.get(&reflector::ObjectRef::new("during").within("default"))
+                .map(|_| ())
+        }
     })
     .await;
     let list_before = emu.request_count("list", "persistentvolumeclaims");
     let dropped = emu.faults().drop_watches("persistentvolumeclaims");
     assert_eq!(dropped, 1);
-    pvcs(&emu).create(&PostParams::default(), &pvc("after", Some("x"), "1Gi")).await.unwrap();
+    pvcs(&emu)
+        .create(&PostParams::default(), &pvc("after", Some("x"), "1Gi"))
+        .await
+        .unwrap();
     eventually("reflector sees 'after'", Duration::from_secs(10), || {
         let r = reader.clone();
-        async move { r.get(&reflector::ObjectRef::new("after").within("default")).map(|_| ()) }
+        async move {
+            r.get(&reflector::ObjectRef::new("after").within("default"))
+                .map(|_| ())
+        }
     })
     .await;
     eventually("watch re-opened", Duration::from_secs(10), || {
@@ -236,22 +379,34 @@ async fn kube_runtime_watcher_and_reflector_list_watch_and_resume_after_dropped_
     })
     .await;
     // Resumed from its last resourceVersion: no re-list was needed.
-    assert_eq!(emu.request_count("list", "persistentvolumeclaims"), list_before);
+    assert_eq!(
+        emu.request_count("list", "persistentvolumeclaims"),
+        list_before
+    );
     task.abort();
 }
 
 #[tokio::test]
 async fn kube_runtime_watcher_streaming_list_mode() {
     let emu = emu();
-    pvcs(&emu).create(&PostParams::default(), &pvc("a", Some("x"), "1Gi")).await.unwrap();
+    pvcs(&emu)
+        .create(&PostParams::default(), &pvc("a", Some("x"), "1Gi"))
+        .await
+        .unwrap();
     let cfg = watcher::Config::default().streaming_lists();
     let (reader, writer) = reflector::store::<PersistentVolumeClaim>();
-    let stream = watcher(pvcs(&emu), cfg).default_backoff().reflect(writer).applied_objects();
+    let stream = watcher(pvcs(&emu), cfg)
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
     let task = tokio::spawn(async move {
         futures::pin_mut!(stream);
         while stream.next().await.is_some() {}
     });
-    tokio::time::timeout(Duration::from_secs(5), reader.wait_until_ready()).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), reader.wait_until_ready())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(reader.state().len(), 1);
     assert_eq!(emu.request_count("list", "persistentvolumeclaims"), 0);
     task.abort();
@@ -262,20 +417,34 @@ async fn slow_watcher_is_dropped_without_blocking_others() {
     let emu = emu();
     let cms: Api<ConfigMap> = Api::default_namespaced(emu.client());
     // The slow watcher never reads its body.
-    let (_, mut slow) = open(&emu, "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=1").await;
-    let mut fast = cms.watch(&WatchParams::default(), "1").await.unwrap().boxed();
+    let (_, mut slow) = open(
+        &emu,
+        "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=1",
+    )
+    .await;
+    let mut fast = cms
+        .watch(&WatchParams::default(), "1")
+        .await
+        .unwrap()
+        .boxed();
     let total = 5000;
     let writer = {
         let cms = cms.clone();
         tokio::spawn(async move {
             for i in 0..total {
-                cms.create(&PostParams::default(), &cm(&format!("c{i}"))).await.unwrap();
+                cms.create(&PostParams::default(), &cm(&format!("c{i}")))
+                    .await
+                    .unwrap();
             }
         })
     };
     let mut seen = 0;
     while seen < total {
-        match tokio::time::timeout(Duration::from_secs(10), fast.try_next()).await.unwrap().unwrap() {
+        match tokio::time::timeout(Duration::from_secs(10), fast.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
             Some(WatchEvent::Added(_)) => seen += 1,
             Some(WatchEvent::Bookmark(_)) => {}
             Some(other) => panic!("unexpected {other:?}"),

@@ -52,7 +52,10 @@ fn unknown_warnings(ctx: &Ctx, unknown: &[String]) -> Vec<String> {
     if ctx.query.get("fieldValidation") == Some("Ignore") {
         return Vec::new();
     }
-    unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect()
+    unknown
+        .iter()
+        .map(|u| format!("unknown field \"{u}\""))
+        .collect()
 }
 
 fn parse_body(ctx: &Ctx) -> Result<Value, ApiError> {
@@ -61,11 +64,13 @@ fn parse_body(ctx: &Ctx) -> Result<Value, ApiError> {
         return Err(ApiError::unsupported_media_type());
     }
     if ct.contains("yaml") {
-        return serde_yaml::from_slice(&ctx.body)
-            .map_err(|e| ApiError::bad_request(format!("couldn't get version/kind; yaml parse error: {e}")));
+        return serde_yaml::from_slice(&ctx.body).map_err(|e| {
+            ApiError::bad_request(format!("couldn't get version/kind; yaml parse error: {e}"))
+        });
     }
-    serde_json::from_slice(&ctx.body)
-        .map_err(|e| ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}")))
+    serde_json::from_slice(&ctx.body).map_err(|e| {
+        ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+    })
 }
 
 pub(crate) fn get(ctx: &Ctx) -> Result<Response, ApiError> {
@@ -79,7 +84,11 @@ pub(crate) fn get(ctx: &Ctx) -> Result<Response, ApiError> {
     let shown = present(t.res, &obj);
     if wants_table(ctx) {
         let rv = ctx.shared.store.current_rv();
-        return Ok(json_response(200, &table::render(t.res, &[shown], rv, &ctx.query), &[]));
+        return Ok(json_response(
+            200,
+            &table::render(t.res, &[shown], rv, &ctx.query),
+            &[],
+        ));
     }
     Ok(json_response(200, &shown, &[]))
 }
@@ -93,12 +102,24 @@ fn continue_token(rv: u64, last: &Value) -> String {
 }
 
 fn parse_continue(token: &str) -> Result<(u64, String, String), ApiError> {
-    let bad = || ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)");
+    let bad = || {
+        ApiError::bad_request(
+            "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+        )
+    };
     let bytes = util::base64_decode(token).ok_or_else(bad)?;
     let v: Value = serde_json::from_slice(&bytes).map_err(|_| bad())?;
     let rv = v.get("rv").and_then(Value::as_u64).ok_or_else(bad)?;
-    let ns = v.get("ns").and_then(Value::as_str).unwrap_or_default().to_string();
-    let name = v.get("name").and_then(Value::as_str).ok_or_else(bad)?.to_string();
+    let ns = v
+        .get("ns")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let name = v
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(bad)?
+        .to_string();
     Ok((rv, ns, name))
 }
 
@@ -126,7 +147,12 @@ pub(crate) fn list(ctx: &Ctx) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(ctx)?;
     let rv_param = ctx.query.get("resourceVersion").unwrap_or_default();
     let exact = ctx.query.get("resourceVersionMatch") == Some("Exact");
-    let cont = ctx.query.get("continue").filter(|c| !c.is_empty()).map(parse_continue).transpose()?;
+    let cont = ctx
+        .query
+        .get("continue")
+        .filter(|c| !c.is_empty())
+        .map(parse_continue)
+        .transpose()?;
     let (objects, rv) = if let Some((rv, _, _)) = &cont {
         (store.snapshot_at(t.res.storage, *rv)?, *rv)
     } else if exact && !rv_param.is_empty() {
@@ -152,7 +178,11 @@ pub(crate) fn list(ctx: &Ctx) -> Result<Response, ApiError> {
         .collect();
     let mut meta = Map::new();
     meta.insert("resourceVersion".into(), json!(rv.to_string()));
-    if let Some(limit) = ctx.query.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0)
+    if let Some(limit) = ctx
+        .query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0)
         && items.len() > limit
     {
         let remaining = items.len() - limit;
@@ -163,7 +193,11 @@ pub(crate) fn list(ctx: &Ctx) -> Result<Response, ApiError> {
         }
     }
     if wants_table(ctx) {
-        return Ok(json_response(200, &table::render(t.res, &items, rv, &ctx.query), &[]));
+        return Ok(json_response(
+            200,
+            &table::render(t.res, &items, rv, &ctx.query),
+            &[],
+        ));
     }
     let items = items.into_iter().map(strip_type_meta).collect();
     Ok(json_response(200, &list_body(t.res, items, meta), &[]))
@@ -174,14 +208,29 @@ fn prepare_new_metadata(obj: &mut Value, url_name: Option<&str>) {
     let Some(meta) = util::obj_mut(obj, "metadata") else {
         return;
     };
-    for f in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink", "managedFields", "uid"] {
+    for f in [
+        "resourceVersion",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "selfLink",
+        "managedFields",
+        "uid",
+    ] {
         meta.remove(f);
     }
-    let name = meta.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     if name.is_empty() {
         if let Some(n) = url_name {
             meta.insert("name".into(), json!(n));
-        } else if let Some(prefix) = meta.get("generateName").and_then(Value::as_str).filter(|p| !p.is_empty()) {
+        } else if let Some(prefix) = meta
+            .get("generateName")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty())
+        {
             let generated = generate_name(prefix);
             meta.insert("name".into(), json!(generated));
         }
@@ -229,24 +278,30 @@ fn create_object(ctx: &Ctx, body: Value, url_name: Option<&str>) -> Result<Respo
     for _ in 0..attempts {
         let mut candidate = obj.clone();
         prepare_new_metadata(&mut candidate, url_name);
-        let key = (util::ns_of(&candidate).to_string(), util::name_of(&candidate).to_string());
+        let key = (
+            util::ns_of(&candidate).to_string(),
+            util::name_of(&candidate).to_string(),
+        );
         let mut dry: Option<Value> = None;
         let mut admission_warnings = Vec::new();
-        let result = ctx.shared.store.write(s_res.storage, &key, Origin::Client, |view, existing| {
-            if s_res.namespaced && view.get("namespaces", "", &key.0).is_none() {
-                return Err(ApiError::namespace_not_found(&key.0));
-            }
-            admission_warnings = admission::on_create(s_res, &mut candidate, view);
-            admission::validate_create(s_res, &candidate)?;
-            if existing.is_some() {
-                return Err(ApiError::already_exists(t.res, &key.1));
-            }
-            if dry_run {
-                dry = Some(candidate);
-                return Ok(Action::Abort);
-            }
-            Ok(Action::Put(candidate))
-        });
+        let result =
+            ctx.shared
+                .store
+                .write(s_res.storage, &key, Origin::Client, |view, existing| {
+                    if s_res.namespaced && view.get("namespaces", "", &key.0).is_none() {
+                        return Err(ApiError::namespace_not_found(&key.0));
+                    }
+                    admission_warnings = admission::on_create(s_res, &mut candidate, view);
+                    admission::validate_create(s_res, &candidate)?;
+                    if existing.is_some() {
+                        return Err(ApiError::already_exists(t.res, &key.1));
+                    }
+                    if dry_run {
+                        dry = Some(candidate);
+                        return Ok(Action::Abort);
+                    }
+                    Ok(Action::Put(candidate))
+                });
         match result {
             Ok(written) => {
                 warnings.extend(admission_warnings);
@@ -288,7 +343,9 @@ fn compose_update(
     let t = opts.target;
     let s_res = storage_res(t.res);
     let name = t.name.as_deref().unwrap_or_default();
-    let body_rv = util::meta_str(&new, "resourceVersion").unwrap_or_default().to_string();
+    let body_rv = util::meta_str(&new, "resourceVersion")
+        .unwrap_or_default()
+        .to_string();
     let old_rv = util::meta_str(old, "resourceVersion").unwrap_or_default();
     if !body_rv.is_empty() {
         if body_rv != old_rv {
@@ -298,7 +355,11 @@ fn compose_update(
         return Err(ApiError::invalid(
             t.res,
             name,
-            vec![Cause::invalid("metadata.resourceVersion", "0", "must be specified for an update")],
+            vec![Cause::invalid(
+                "metadata.resourceVersion",
+                "0",
+                "must be specified for an update",
+            )],
         ));
     }
     if let Some(uid) = util::meta_str(&new, "uid").filter(|u| !u.is_empty())
@@ -352,7 +413,12 @@ fn compose_update(
     Ok(Action::Put(next))
 }
 
-fn written_response(t: &Target, written: &Written, dry: Option<Value>, warnings: &[String]) -> Result<Response, ApiError> {
+fn written_response(
+    t: &Target,
+    written: &Written,
+    dry: Option<Value>,
+    warnings: &[String],
+) -> Result<Response, ApiError> {
     let obj = match (dry, written.object()) {
         (Some(d), _) => d,
         (None, Some(o)) => (**o).clone(),
@@ -363,7 +429,8 @@ fn written_response(t: &Target, written: &Written, dry: Option<Value>, warnings:
 
 fn check_url_identity(t: &Target, obj: &mut Value) -> Result<(), ApiError> {
     let url_name = t.name.clone().unwrap_or_default();
-    let meta = util::obj_mut(obj, "metadata").ok_or_else(|| ApiError::bad_request("metadata missing"))?;
+    let meta =
+        util::obj_mut(obj, "metadata").ok_or_else(|| ApiError::bad_request("metadata missing"))?;
     match meta.get("name").and_then(Value::as_str) {
         Some(n) if !n.is_empty() && n != url_name => {
             return Err(ApiError::bad_request(format!(
@@ -392,10 +459,13 @@ pub(crate) fn update(ctx: &Ctx) -> Result<Response, ApiError> {
     };
     let key = key_of(t);
     let mut dry = None;
-    let written = ctx.shared.store.write(t.res.storage, &key, Origin::Client, |view, existing| {
-        let old = existing.ok_or_else(|| ApiError::not_found(t.res, &key.1))?;
-        compose_update(&opts, view, old, new, &mut dry)
-    })?;
+    let written =
+        ctx.shared
+            .store
+            .write(t.res.storage, &key, Origin::Client, |view, existing| {
+                let old = existing.ok_or_else(|| ApiError::not_found(t.res, &key.1))?;
+                compose_update(&opts, view, old, new, &mut dry)
+            })?;
     written_response(t, &written, dry, &warnings)
 }
 
@@ -428,14 +498,21 @@ pub(crate) fn patch(ctx: &Ctx) -> Result<Response, ApiError> {
             "",
             None,
             "PatchOptions",
-            vec![Cause::required("fieldManager", "is required for apply patch")],
+            vec![Cause::required(
+                "fieldManager",
+                "is required for apply patch",
+            )],
         )
         .with_group("meta.k8s.io"));
     }
     let key = key_of(t);
     if kind == PatchKind::Apply
         && t.subresource.is_none()
-        && ctx.shared.store.get(t.res.storage, &key.0, &key.1).is_none()
+        && ctx
+            .shared
+            .store
+            .get(t.res.storage, &key.0, &key.1)
+            .is_none()
     {
         return create_object(ctx, patch_body, Some(&key.1));
     }
@@ -447,16 +524,23 @@ pub(crate) fn patch(ctx: &Ctx) -> Result<Response, ApiError> {
     let strict = strict(ctx);
     let mut warnings = Vec::new();
     let mut dry = None;
-    let written = ctx.shared.store.write(t.res.storage, &key, Origin::Client, |view, existing| {
-        let old = existing.ok_or_else(|| ApiError::not_found(t.res, &key.1))?;
-        let mut doc = present(t.res, old);
-        apply_patch(kind, &mut doc, &patch_body)?;
-        let decoded = schema::decode(t.res, doc, strict)?;
-        warnings = decoded.unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
-        let mut obj = decoded.object;
-        check_url_identity(t, &mut obj)?;
-        compose_update(&opts, view, old, to_storage(t.res, obj), &mut dry)
-    })?;
+    let written =
+        ctx.shared
+            .store
+            .write(t.res.storage, &key, Origin::Client, |view, existing| {
+                let old = existing.ok_or_else(|| ApiError::not_found(t.res, &key.1))?;
+                let mut doc = present(t.res, old);
+                apply_patch(kind, &mut doc, &patch_body)?;
+                let decoded = schema::decode(t.res, doc, strict)?;
+                warnings = decoded
+                    .unknown
+                    .iter()
+                    .map(|u| format!("unknown field \"{u}\""))
+                    .collect();
+                let mut obj = decoded.object;
+                check_url_identity(t, &mut obj)?;
+                compose_update(&opts, view, old, to_storage(t.res, obj), &mut dry)
+            })?;
     written_response(t, &written, dry, &warnings)
 }
 
@@ -468,17 +552,24 @@ fn precondition_check(t: &Target, old: &Value, opts: &Value) -> Result<(), ApiEr
             return Err(ApiError::precondition(
                 t.res,
                 name,
-                format!("the UID in the precondition ({uid}) does not match the UID in record ({actual}). The object might have been deleted and then recreated"),
+                format!(
+                    "the UID in the precondition ({uid}) does not match the UID in record ({actual}). The object might have been deleted and then recreated"
+                ),
             ));
         }
     }
-    if let Some(rv) = opts.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
+    if let Some(rv) = opts
+        .pointer("/preconditions/resourceVersion")
+        .and_then(Value::as_str)
+    {
         let actual = util::meta_str(old, "resourceVersion").unwrap_or_default();
         if rv != actual {
             return Err(ApiError::precondition(
                 t.res,
                 name,
-                format!("the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({actual}). The object might have been modified"),
+                format!(
+                    "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({actual}). The object might have been modified"
+                ),
             ));
         }
     }
@@ -488,37 +579,52 @@ fn precondition_check(t: &Target, old: &Value, opts: &Value) -> Result<(), ApiEr
 /// Deletes one object; returns the write outcome.
 fn delete_one(ctx: &Ctx, t: &Target, key: &Key, opts: &Value) -> Result<Written, ApiError> {
     let dry_run = ctx.query.get("dryRun") == Some("All")
-        || opts.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|v| v == "All"));
-    ctx.shared.store.write(t.res.storage, key, Origin::Client, |_, existing| {
-        let old = existing.ok_or_else(|| ApiError::not_found(t.res, &key.1))?;
-        precondition_check(t, old, opts)?;
-        if dry_run {
-            return Ok(Action::Keep);
-        }
-        if util::finalizers(old).is_empty() {
-            return Ok(Action::Remove);
-        }
-        if util::is_terminating(old) {
-            return Ok(Action::Keep);
-        }
-        let mut next = (**old).clone();
-        if let Some(meta) = util::obj_mut(&mut next, "metadata") {
-            meta.insert("deletionTimestamp".into(), json!(now_time()));
-            meta.insert("deletionGracePeriodSeconds".into(), json!(0));
-        }
-        Ok(Action::Put(next))
-    })
+        || opts
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|v| v == "All"));
+    ctx.shared
+        .store
+        .write(t.res.storage, key, Origin::Client, |_, existing| {
+            let old = existing.ok_or_else(|| ApiError::not_found(t.res, &key.1))?;
+            precondition_check(t, old, opts)?;
+            if dry_run {
+                return Ok(Action::Keep);
+            }
+            if util::finalizers(old).is_empty() {
+                return Ok(Action::Remove);
+            }
+            if util::is_terminating(old) {
+                return Ok(Action::Keep);
+            }
+            let mut next = (**old).clone();
+            if let Some(meta) = util::obj_mut(&mut next, "metadata") {
+                meta.insert("deletionTimestamp".into(), json!(now_time()));
+                meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+            }
+            Ok(Action::Put(next))
+        })
 }
 
 /// Namespaces are removed at once together with their contents (no namespace controller).
 fn cascade_namespace(ctx: &Ctx, ns: &str) {
-    for res in resources::RESOURCES.iter().filter(|r| r.namespaced && r.view == View::Native) {
+    for res in resources::RESOURCES
+        .iter()
+        .filter(|r| r.namespaced && r.view == View::Native)
+    {
         let (objs, _) = ctx.shared.store.list(res.storage, Some(ns));
         for o in objs {
             let key = (ns.to_string(), util::name_of(&o).to_string());
-            let _ = ctx.shared.store.write(res.storage, &key, Origin::Client, |_, e| {
-                Ok(if e.is_some() { Action::Remove } else { Action::Abort })
-            });
+            let _ = ctx
+                .shared
+                .store
+                .write(res.storage, &key, Origin::Client, |_, e| {
+                    Ok(if e.is_some() {
+                        Action::Remove
+                    } else {
+                        Action::Abort
+                    })
+                });
         }
     }
 }
@@ -530,7 +636,10 @@ fn delete_status(res: &ResourceInfo, obj: &Value) -> Value {
         details.insert("group".into(), json!(res.group));
     }
     details.insert("kind".into(), json!(res.plural));
-    details.insert("uid".into(), json!(util::meta_str(obj, "uid").unwrap_or_default()));
+    details.insert(
+        "uid".into(),
+        json!(util::meta_str(obj, "uid").unwrap_or_default()),
+    );
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})
 }
 
@@ -538,8 +647,9 @@ fn delete_options(ctx: &Ctx) -> Result<Value, ApiError> {
     if ctx.body.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
     }
-    serde_json::from_slice(&ctx.body)
-        .map_err(|e| ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}")))
+    serde_json::from_slice(&ctx.body).map_err(|e| {
+        ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+    })
 }
 
 pub(crate) fn delete(ctx: &Ctx) -> Result<Response, ApiError> {

@@ -50,8 +50,18 @@ fn legacy_resource(r: &ResourceInfo) -> Vec<Value> {
 fn aggregated_resource(r: &ResourceInfo) -> Value {
     let mut m = Map::new();
     m.insert("resource".into(), json!(r.plural));
-    m.insert("responseKind".into(), json!({"group": "", "version": "", "kind": r.kind}));
-    m.insert("scope".into(), json!(if r.namespaced { "Namespaced" } else { "Cluster" }));
+    m.insert(
+        "responseKind".into(),
+        json!({"group": "", "version": "", "kind": r.kind}),
+    );
+    m.insert(
+        "scope".into(),
+        json!(if r.namespaced {
+            "Namespaced"
+        } else {
+            "Cluster"
+        }),
+    );
     m.insert("singularResource".into(), json!(r.singular));
     m.insert("verbs".into(), json!(r.verbs()));
     if !r.short_names.is_empty() {
@@ -70,7 +80,9 @@ fn aggregated_resource(r: &ResourceInfo) -> Value {
 }
 
 fn aggregated_group(name: Option<&str>, group: &str) -> Value {
-    let resources: Vec<Value> = resources::group_resources(group).map(aggregated_resource).collect();
+    let resources: Vec<Value> = resources::group_resources(group)
+        .map(aggregated_resource)
+        .collect();
     let meta = match name {
         Some(n) => json!({"name": n}),
         None => json!({}),
@@ -84,7 +96,8 @@ fn group_entry(g: &str) -> Value {
 }
 
 fn with_content_type(mut resp: Response, ct: &'static str) -> Response {
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
     resp
 }
 
@@ -95,7 +108,11 @@ fn with_content_type(mut resp: Response, ct: &'static str) -> Response {
 fn openapi_gv(group: &str) -> Value {
     let mut paths = Map::new();
     for r in resources::group_resources(group) {
-        let prefix = if group.is_empty() { "/api/v1".to_string() } else { format!("/apis/{group}/v1") };
+        let prefix = if group.is_empty() {
+            "/api/v1".to_string()
+        } else {
+            format!("/apis/{group}/v1")
+        };
         let path = if r.namespaced {
             format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", r.plural)
         } else {
@@ -124,7 +141,8 @@ fn openapi_gv(group: &str) -> Value {
 
 fn openapi_root() -> Value {
     let mut paths = Map::new();
-    let entry = |p: &str| json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={OPENAPI_HASH}")});
+    let entry =
+        |p: &str| json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={OPENAPI_HASH}")});
     paths.insert("api".into(), entry("api"));
     paths.insert("api/v1".into(), entry("api/v1"));
     paths.insert("apis".into(), entry("apis"));
@@ -137,7 +155,10 @@ fn openapi_root() -> Value {
 
 /// Serves non-resource GET paths; `None` for resource paths.
 pub(crate) fn serve(path: &str, headers: &HeaderMap) -> Option<Response> {
-    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
     let aggregated = accept.contains("as=APIGroupDiscoveryList") && accept.contains("v=v2;");
     let path = path.trim_end_matches('/');
     let resp = match path {
@@ -148,7 +169,11 @@ pub(crate) fn serve(path: &str, headers: &HeaderMap) -> Option<Response> {
             r
         }
         "/api" if aggregated => with_content_type(
-            json_response(200, &json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": [aggregated_group(None, "")]}), &[]),
+            json_response(
+                200,
+                &json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": [aggregated_group(None, "")]}),
+                &[],
+            ),
             AGGREGATED_CT,
         ),
         "/api" => json_response(
@@ -157,26 +182,54 @@ pub(crate) fn serve(path: &str, headers: &HeaderMap) -> Option<Response> {
             &[],
         ),
         "/api/v1" => {
-            let res: Vec<Value> = resources::group_resources("").flat_map(legacy_resource).collect();
-            json_response(200, &json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": res}), &[])
+            let res: Vec<Value> = resources::group_resources("")
+                .flat_map(legacy_resource)
+                .collect();
+            json_response(
+                200,
+                &json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": res}),
+                &[],
+            )
         }
         "/apis" if aggregated => {
-            let items: Vec<Value> = GROUPS.iter().map(|g| aggregated_group(Some(g), g)).collect();
+            let items: Vec<Value> = GROUPS
+                .iter()
+                .map(|g| aggregated_group(Some(g), g))
+                .collect();
             with_content_type(
-                json_response(200, &json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items}), &[]),
+                json_response(
+                    200,
+                    &json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items}),
+                    &[],
+                ),
                 AGGREGATED_CT,
             )
         }
         "/apis" => {
             let groups: Vec<Value> = GROUPS.iter().map(|g| group_entry(g)).collect();
-            json_response(200, &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}), &[])
+            json_response(
+                200,
+                &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
+                &[],
+            )
         }
-        "/openapi/v3" => with_content_type(json_response(200, &openapi_root(), &[]), "text/plain; charset=utf-8"),
+        "/openapi/v3" => with_content_type(
+            json_response(200, &openapi_root(), &[]),
+            "text/plain; charset=utf-8",
+        ),
         "/openapi/v3/api/v1" => json_response(200, &openapi_gv(""), &[]),
-        "/openapi/v3/api" | "/openapi/v3/apis" => json_response(200, &json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.36.2"}, "paths": {}}), &[]),
+        "/openapi/v3/api" | "/openapi/v3/apis" => json_response(
+            200,
+            &json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.36.2"}, "paths": {}}),
+            &[],
+        ),
         "/openapi/v2" => error_response(&ApiError {
             details: Some(json!({})),
-            ..ApiError::new(404, "NotFound", "the server could not find the requested resource")
+            ..ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            )
         }),
         p => {
             if let Some(rest) = p.strip_prefix("/openapi/v3/apis/") {
@@ -200,7 +253,9 @@ pub(crate) fn serve(path: &str, headers: &HeaderMap) -> Option<Response> {
                     &[],
                 ),
                 [g, "v1"] if GROUPS.contains(g) => {
-                    let res: Vec<Value> = resources::group_resources(g).flat_map(legacy_resource).collect();
+                    let res: Vec<Value> = resources::group_resources(g)
+                        .flat_map(legacy_resource)
+                        .collect();
                     json_response(
                         200,
                         &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{g}/v1"), "resources": res}),

@@ -18,7 +18,11 @@ use crate::status::ApiError;
 pub(crate) async fn handle(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let req: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
-        Err(e) => return error_response(&ApiError::bad_request(format!("invalid fault request: {e}"))),
+        Err(e) => {
+            return error_response(&ApiError::bad_request(format!(
+                "invalid fault request: {e}"
+            )));
+        }
     };
     let s = |k: &str, d: &'static str| req.get(k).and_then(Value::as_str).unwrap_or(d).to_string();
     let n = |k: &str, d: u64| req.get(k).and_then(Value::as_u64).unwrap_or(d);
@@ -31,7 +35,12 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, body: Bytes) -> Re
             json_response(200, &json!({"ok": true}), &[])
         }
         "delay" => {
-            faults.delay_next(&s("verb", "*"), &s("resource", "*"), count, Duration::from_millis(n("delayMs", 0)));
+            faults.delay_next(
+                &s("verb", "*"),
+                &s("resource", "*"),
+                count,
+                Duration::from_millis(n("delayMs", 0)),
+            );
             json_response(200, &json!({"ok": true}), &[])
         }
         "drop-watches" => {

@@ -62,7 +62,11 @@ impl Ctx {
 fn not_found_path() -> ApiError {
     ApiError {
         details: Some(serde_json::json!({})),
-        ..ApiError::new(404, "NotFound", "the server could not find the requested resource")
+        ..ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
     }
 }
 
@@ -79,7 +83,8 @@ pub(crate) fn parse_target(path: &str) -> Result<Target, ApiError> {
         r => (false, r),
     };
     let lookup = |plural: &str| resources::find(group, version, plural).ok_or_else(not_found_path);
-    let namespaced = |plural: &str| resources::find(group, version, plural).is_some_and(|r| r.namespaced);
+    let namespaced =
+        |plural: &str| resources::find(group, version, plural).is_some_and(|r| r.namespaced);
     let target = |res, namespace: Option<&str>, name: Option<&str>, sub: Option<&str>| Target {
         res,
         namespace: namespace.map(str::to_string),
@@ -88,7 +93,9 @@ pub(crate) fn parse_target(path: &str) -> Result<Target, ApiError> {
         watch_path,
     };
     let t = match rest {
-        ["namespaces", ns, plural] if namespaced(plural) => target(lookup(plural)?, Some(ns), None, None),
+        ["namespaces", ns, plural] if namespaced(plural) => {
+            target(lookup(plural)?, Some(ns), None, None)
+        }
         ["namespaces", ns, plural, name] if namespaced(plural) => {
             target(lookup(plural)?, Some(ns), Some(name), None)
         }
@@ -119,8 +126,10 @@ pub(crate) fn json_response(code: u16, body: &Value, warnings: &[String]) -> Res
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     let mut resp = Response::new(Body::from(bytes));
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     for w in warnings {
         let text = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
         if let Ok(v) = HeaderValue::from_str(&text) {
@@ -188,7 +197,11 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     }
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
-        Err(e) => return error_response(&ApiError::bad_request(format!("unable to read request body: {e}"))),
+        Err(e) => {
+            return error_response(&ApiError::bad_request(format!(
+                "unable to read request body: {e}"
+            )));
+        }
     };
     tracing::debug!(verb, resource = %resource, path = %path, "request");
     let ctx = Ctx {
@@ -201,7 +214,11 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let result = match verb {
         "get" => crud::get(&ctx),
         "list" => crud::list(&ctx),
-        "watch" => return watch::watch(ctx).await.unwrap_or_else(|e| error_response(&e)),
+        "watch" => {
+            return watch::watch(ctx)
+                .await
+                .unwrap_or_else(|e| error_response(&e));
+        }
         "create" => crud::create(&ctx),
         "update" => crud::update(&ctx),
         "patch" => crud::patch(&ctx),

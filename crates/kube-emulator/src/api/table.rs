@@ -10,7 +10,9 @@ fn age(ts: Option<&str>) -> String {
     let Some(t) = ts.and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok()) else {
         return "<unknown>".into();
     };
-    let secs = (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds().max(0);
+    let secs = (chrono::Utc::now() - t.with_timezone(&chrono::Utc))
+        .num_seconds()
+        .max(0);
     match secs {
         s if s < 120 => format!("{s}s"),
         s if s < 7200 => format!("{}m", s / 60),
@@ -48,7 +50,16 @@ fn columns_and_cells(res: &ResourceInfo, obj: &Value) -> (Columns, Vec<Value>) {
     let created = age(meta_str(obj, "creationTimestamp"));
     match (res.group, res.kind) {
         ("", "PersistentVolumeClaim") => (
-            vec![("Name", "string"), ("Status", "string"), ("Volume", "string"), ("Capacity", "string"), ("Access Modes", "string"), ("StorageClass", "string"), ("VolumeAttributesClass", "string"), ("Age", "string")],
+            vec![
+                ("Name", "string"),
+                ("Status", "string"),
+                ("Volume", "string"),
+                ("Capacity", "string"),
+                ("Access Modes", "string"),
+                ("StorageClass", "string"),
+                ("VolumeAttributesClass", "string"),
+                ("Age", "string"),
+            ],
             vec![
                 name,
                 s(obj, "/status/phase"),
@@ -61,12 +72,26 @@ fn columns_and_cells(res: &ResourceInfo, obj: &Value) -> (Columns, Vec<Value>) {
             ],
         ),
         ("", "PersistentVolume") => {
-            let claim = match (str_at(obj, "/spec/claimRef/namespace"), str_at(obj, "/spec/claimRef/name")) {
+            let claim = match (
+                str_at(obj, "/spec/claimRef/namespace"),
+                str_at(obj, "/spec/claimRef/name"),
+            ) {
                 (Some(ns), Some(n)) => format!("{ns}/{n}"),
                 _ => String::new(),
             };
             (
-                vec![("Name", "string"), ("Capacity", "string"), ("Access Modes", "string"), ("Reclaim Policy", "string"), ("Status", "string"), ("Claim", "string"), ("StorageClass", "string"), ("VolumeAttributesClass", "string"), ("Reason", "string"), ("Age", "string")],
+                vec![
+                    ("Name", "string"),
+                    ("Capacity", "string"),
+                    ("Access Modes", "string"),
+                    ("Reclaim Policy", "string"),
+                    ("Status", "string"),
+                    ("Claim", "string"),
+                    ("StorageClass", "string"),
+                    ("VolumeAttributesClass", "string"),
+                    ("Reason", "string"),
+                    ("Age", "string"),
+                ],
                 vec![
                     name,
                     s(obj, "/spec/capacity/storage"),
@@ -82,13 +107,25 @@ fn columns_and_cells(res: &ResourceInfo, obj: &Value) -> (Columns, Vec<Value>) {
             )
         }
         ("storage.k8s.io", "StorageClass") => (
-            vec![("Name", "string"), ("Provisioner", "string"), ("ReclaimPolicy", "string"), ("VolumeBindingMode", "string"), ("AllowVolumeExpansion", "string"), ("Age", "string")],
+            vec![
+                ("Name", "string"),
+                ("Provisioner", "string"),
+                ("ReclaimPolicy", "string"),
+                ("VolumeBindingMode", "string"),
+                ("AllowVolumeExpansion", "string"),
+                ("Age", "string"),
+            ],
             vec![
                 name,
                 s(obj, "/provisioner"),
                 s(obj, "/reclaimPolicy"),
                 s(obj, "/volumeBindingMode"),
-                json!(obj.get("allowVolumeExpansion").and_then(Value::as_bool).unwrap_or(false).to_string()),
+                json!(
+                    obj.get("allowVolumeExpansion")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false)
+                        .to_string()
+                ),
                 json!(created),
             ],
         ),
@@ -100,15 +137,32 @@ fn columns_and_cells(res: &ResourceInfo, obj: &Value) -> (Columns, Vec<Value>) {
             };
             let object = format!(
                 "{}/{}",
-                str_at(obj, &format!("{regarding}/kind")).unwrap_or_default().to_lowercase(),
+                str_at(obj, &format!("{regarding}/kind"))
+                    .unwrap_or_default()
+                    .to_lowercase(),
                 str_at(obj, &format!("{regarding}/name")).unwrap_or_default()
             );
             (
-                vec![("Last Seen", "string"), ("Type", "string"), ("Reason", "string"), ("Object", "string"), ("Message", "string")],
-                vec![json!(age(str_at(obj, last))), s(obj, "/type"), s(obj, "/reason"), json!(object), s(obj, message)],
+                vec![
+                    ("Last Seen", "string"),
+                    ("Type", "string"),
+                    ("Reason", "string"),
+                    ("Object", "string"),
+                    ("Message", "string"),
+                ],
+                vec![
+                    json!(age(str_at(obj, last))),
+                    s(obj, "/type"),
+                    s(obj, "/reason"),
+                    json!(object),
+                    s(obj, message),
+                ],
             )
         }
-        _ => (vec![("Name", "string"), ("Age", "string")], vec![name, json!(created)]),
+        _ => (
+            vec![("Name", "string"), ("Age", "string")],
+            vec![name, json!(created)],
+        ),
     }
 }
 

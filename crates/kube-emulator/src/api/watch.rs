@@ -53,8 +53,10 @@ fn bookmark(res: &ResourceInfo, rv: u64, initial_end: bool) -> Value {
 fn stream_response(rx: mpsc::Receiver<Result<Bytes, Infallible>>) -> Response {
     let mut resp = Response::new(Body::from_stream(ReceiverStream::new(rx)));
     *resp.status_mut() = StatusCode::OK;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     resp
 }
 
@@ -115,13 +117,21 @@ async fn run_stream(plan: StreamPlan, out: mpsc::Sender<Result<Bytes, Infallible
             return;
         }
     }
-    if initial_end && out.send(Ok(line("BOOKMARK", &bookmark(res, reg.rv, true)))).await.is_err() {
+    if initial_end
+        && out
+            .send(Ok(line("BOOKMARK", &bookmark(res, reg.rv, true))))
+            .await
+            .is_err()
+    {
         return;
     }
     let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
-    let sleep = tokio::time::sleep_until(deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)));
+    let sleep = tokio::time::sleep_until(
+        deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)),
+    );
     tokio::pin!(sleep);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + BOOKMARK_EVERY, BOOKMARK_EVERY);
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + BOOKMARK_EVERY, BOOKMARK_EVERY);
     loop {
         tokio::select! {
             item = rx.recv() => match item {
@@ -189,7 +199,10 @@ pub(crate) async fn watch(ctx: Ctx) -> Result<Response, ApiError> {
         fields = if fields.is_empty() {
             extra
         } else {
-            FieldSelector::parse(&format!("{},metadata.name={name}", q.get("fieldSelector").unwrap_or_default()))?
+            FieldSelector::parse(&format!(
+                "{},metadata.name={name}",
+                q.get("fieldSelector").unwrap_or_default()
+            ))?
         };
     }
     let filter = WatchFilter {

@@ -43,7 +43,8 @@ fn storage_request(obj: &Value, ptr: &str) -> Option<f64> {
 fn prebound_to(pv: &Value, claim: &Value) -> bool {
     str_at(pv, "/spec/claimRef/name") == Some(util::name_of(claim))
         && str_at(pv, "/spec/claimRef/namespace") == Some(util::ns_of(claim))
-        && str_at(pv, "/spec/claimRef/uid").is_none_or(|u| u.is_empty() || Some(u) == util::meta_str(claim, "uid"))
+        && str_at(pv, "/spec/claimRef/uid")
+            .is_none_or(|u| u.is_empty() || Some(u) == util::meta_str(claim, "uid"))
 }
 
 impl Controller {
@@ -90,7 +91,10 @@ impl Controller {
             return;
         }
         self.modify(PVCS, ns, name, |c| {
-            let rest: Vec<String> = finalizers(c).into_iter().filter(|f| f != PVC_PROTECTION).collect();
+            let rest: Vec<String> = finalizers(c)
+                .into_iter()
+                .filter(|f| f != PVC_PROTECTION)
+                .collect();
             util::set_finalizers(c, rest);
         });
     }
@@ -100,7 +104,9 @@ impl Controller {
         if !volume.is_empty() && self.store.get(PVS, "", volume).is_none() {
             let ns = util::ns_of(claim).to_string();
             let name = util::name_of(claim).to_string();
-            if let Some(lost) = self.modify(PVCS, &ns, &name, |c| c["status"]["phase"] = json!("Lost")) {
+            if let Some(lost) =
+                self.modify(PVCS, &ns, &name, |c| c["status"]["phase"] = json!("Lost"))
+            {
                 self.recorder.emit(
                     &self.store,
                     &lost,
@@ -120,7 +126,9 @@ impl Controller {
             && r > c
         {
             let uid = util::meta_str(claim, "uid").unwrap_or_default().to_string();
-            let size = str_at(claim, "/spec/resources/requests/storage").unwrap_or_default().to_string();
+            let size = str_at(claim, "/spec/resources/requests/storage")
+                .unwrap_or_default()
+                .to_string();
             if self.expanding_reported.insert((uid, size)) {
                 self.recorder.emit(
                     &self.store,
@@ -135,9 +143,12 @@ impl Controller {
     }
 
     fn sync_unbound_claim(&mut self, claim: &Arc<Value>) {
-        let volume_name = str_at(claim, "/spec/volumeName").unwrap_or_default().to_string();
+        let volume_name = str_at(claim, "/spec/volumeName")
+            .unwrap_or_default()
+            .to_string();
         if volume_name.is_empty() {
-            let requested = storage_request(claim, "/spec/resources/requests/storage").unwrap_or(0.0);
+            let requested =
+                storage_request(claim, "/spec/resources/requests/storage").unwrap_or(0.0);
             let (volumes, _) = self.store.list(PVS, None);
             let prebound = volumes.into_iter().find(|pv| {
                 prebound_to(pv, claim)
@@ -201,7 +212,10 @@ impl Controller {
         }) else {
             return;
         };
-        let access_modes = pv.pointer("/spec/accessModes").cloned().unwrap_or(json!([]));
+        let access_modes = pv
+            .pointer("/spec/accessModes")
+            .cloned()
+            .unwrap_or(json!([]));
         let capacity = pv.pointer("/spec/capacity").cloned().unwrap_or(json!({}));
         self.modify(PVCS, util::ns_of(&claim), util::name_of(&claim), |c| {
             c["status"]["phase"] = json!("Bound");
@@ -235,7 +249,9 @@ impl Controller {
             );
             return;
         };
-        let provisioner = str_at(&class, "/provisioner").unwrap_or_default().to_string();
+        let provisioner = str_at(&class, "/provisioner")
+            .unwrap_or_default()
+            .to_string();
         if str_at(&class, "/volumeBindingMode") == Some("WaitForFirstConsumer")
             && annotation(claim, ANN_SELECTED_NODE).is_none_or(str::is_empty)
         {

@@ -35,16 +35,24 @@ pub(crate) struct Controller {
 
 impl Controller {
     /// Applies `f` to a copy of the current object and stores it if it changed.
-    fn modify(&self, storage: &'static str, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Option<Arc<Value>> {
+    fn modify(
+        &self,
+        storage: &'static str,
+        ns: &str,
+        name: &str,
+        f: impl FnOnce(&mut Value),
+    ) -> Option<Arc<Value>> {
         let key = (ns.to_string(), name.to_string());
-        let result = self.store.write(storage, &key, Origin::Controller, |_, existing| {
-            let Some(old) = existing else {
-                return Ok(Action::Abort);
-            };
-            let mut next = (**old).clone();
-            f(&mut next);
-            Ok(Action::Put(next))
-        });
+        let result = self
+            .store
+            .write(storage, &key, Origin::Controller, |_, existing| {
+                let Some(old) = existing else {
+                    return Ok(Action::Abort);
+                };
+                let mut next = (**old).clone();
+                f(&mut next);
+                Ok(Action::Put(next))
+            });
         match result {
             Ok(Written::Aborted) => None,
             Ok(w) => w.object().cloned(),
@@ -70,9 +78,10 @@ impl Controller {
             }
             PVS => {
                 if ch.kind == EventType::Deleted {
-                    if let (Some(cns), Some(cname)) =
-                        (str_at(obj, "/spec/claimRef/namespace"), str_at(obj, "/spec/claimRef/name"))
-                    {
+                    if let (Some(cns), Some(cname)) = (
+                        str_at(obj, "/spec/claimRef/namespace"),
+                        str_at(obj, "/spec/claimRef/name"),
+                    ) {
                         self.sync_claim(cns, cname);
                     }
                 } else if by_client {
@@ -86,7 +95,10 @@ impl Controller {
             }
             "storageclasses" if by_client => {
                 let (claims, _) = self.store.list(PVCS, None);
-                for c in claims.iter().filter(|c| str_at(c, "/status/phase") != Some("Bound")) {
+                for c in claims
+                    .iter()
+                    .filter(|c| str_at(c, "/status/phase") != Some("Bound"))
+                {
                     self.sync_claim(util::ns_of(c), util::name_of(c));
                 }
             }
@@ -107,7 +119,11 @@ impl Controller {
 }
 
 /// Runs the controller until the store's subscription ends (or the task is aborted).
-pub(crate) async fn run(store: Arc<Store>, mut rx: mpsc::UnboundedReceiver<Arc<Change>>, resync: Duration) {
+pub(crate) async fn run(
+    store: Arc<Store>,
+    mut rx: mpsc::UnboundedReceiver<Arc<Change>>,
+    resync: Duration,
+) {
     let mut ctl = Controller {
         store,
         recorder: recorder::Recorder::default(),

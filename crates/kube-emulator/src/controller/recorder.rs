@@ -23,7 +23,10 @@ fn involved(obj: &Value) -> Value {
         ("name", obj.pointer("/metadata/name").cloned()),
         ("uid", obj.pointer("/metadata/uid").cloned()),
         ("apiVersion", obj.get("apiVersion").cloned()),
-        ("resourceVersion", obj.pointer("/metadata/resourceVersion").cloned()),
+        (
+            "resourceVersion",
+            obj.pointer("/metadata/resourceVersion").cloned(),
+        ),
     ] {
         if let Some(v) = v {
             r.insert(k.into(), v);
@@ -34,7 +37,15 @@ fn involved(obj: &Value) -> Value {
 
 impl Recorder {
     /// Records an event about `obj` (type `Normal`/`Warning`) from `component`.
-    pub fn emit(&mut self, store: &Store, obj: &Value, event_type: &str, reason: &str, message: &str, component: &str) {
+    pub fn emit(
+        &mut self,
+        store: &Store,
+        obj: &Value,
+        event_type: &str,
+        reason: &str,
+        message: &str,
+        component: &str,
+    ) {
         let uid = util::meta_str(obj, "uid").unwrap_or_default();
         let key = format!("{uid}\u{0}{event_type}\u{0}{reason}\u{0}{message}\u{0}{component}");
         let now = now_time();
@@ -81,7 +92,9 @@ impl Recorder {
             "reportingInstance": "",
         });
         let k = (ns.clone(), name.clone());
-        match store.write("events", &k, Origin::Controller, |_, _| Ok(Action::Put(event))) {
+        match store.write("events", &k, Origin::Controller, |_, _| {
+            Ok(Action::Put(event))
+        }) {
             Ok(_) => {
                 self.cache.insert(key, (ns, name));
             }

@@ -24,7 +24,10 @@ impl Controller {
             // pv-protection: a volume that is not bound may go.
             if has_protection && str_at(&pv, "/status/phase") != Some("Bound") {
                 self.modify(PVS, "", name, |v| {
-                    let rest: Vec<String> = finalizers(v).into_iter().filter(|f| f != PV_PROTECTION).collect();
+                    let rest: Vec<String> = finalizers(v)
+                        .into_iter()
+                        .filter(|f| f != PV_PROTECTION)
+                        .collect();
                     util::set_finalizers(v, rest);
                 });
             }
@@ -44,7 +47,9 @@ impl Controller {
             }
             return;
         };
-        let cns = str_at(claim_ref, "/namespace").unwrap_or_default().to_string();
+        let cns = str_at(claim_ref, "/namespace")
+            .unwrap_or_default()
+            .to_string();
         let cname = str_at(claim_ref, "/name").unwrap_or_default().to_string();
         let cuid = str_at(claim_ref, "/uid").unwrap_or_default().to_string();
         let claim = self.store.get(PVCS, &cns, &cname);
@@ -76,7 +81,8 @@ impl Controller {
     pub(super) fn sync_volumes_of_claim(&mut self, ns: &str, name: &str) {
         let (volumes, _) = self.store.list(PVS, None);
         for pv in volumes.iter().filter(|pv| {
-            str_at(pv, "/spec/claimRef/namespace") == Some(ns) && str_at(pv, "/spec/claimRef/name") == Some(name)
+            str_at(pv, "/spec/claimRef/namespace") == Some(ns)
+                && str_at(pv, "/spec/claimRef/name") == Some(name)
         }) {
             self.sync_volume(util::name_of(pv));
         }

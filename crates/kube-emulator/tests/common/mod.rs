@@ -79,7 +79,13 @@ pub struct Raw {
 }
 
 /// One raw HTTP request against the router (no socket).
-pub async fn raw(emu: &Emulator, method: &str, path: &str, content_type: Option<&str>, body: &str) -> Raw {
+pub async fn raw(
+    emu: &Emulator,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: &str,
+) -> Raw {
     let mut req = Request::builder().method(method).uri(path);
     if let Some(ct) = content_type {
         req = req.header("content-type", ct);
@@ -88,10 +94,17 @@ pub async fn raw(emu: &Emulator, method: &str, path: &str, content_type: Option<
     let resp = emu.router().oneshot(req).await.unwrap();
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
     let text = String::from_utf8_lossy(&bytes).into_owned();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Raw { status, headers, body, text }
+    Raw {
+        status,
+        headers,
+        body,
+        text,
+    }
 }
 
 /// Reads a recorded step's response body from the traces.
