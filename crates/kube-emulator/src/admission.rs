@@ -98,7 +98,6 @@ pub(crate) fn on_create(res: &ResourceInfo, obj: &mut Value, view: &StoreView<'_
     match (res.group, res.kind) {
         ("", "PersistentVolumeClaim") => {
             add_finalizer(obj, PVC_PROTECTION);
-            set_default(obj, "spec", "volumeMode", json!("Filesystem"));
             let has_class = obj
                 .pointer("/spec/storageClassName")
                 .is_some_and(|v| !v.is_null())
@@ -140,6 +139,33 @@ pub(crate) fn on_create(res: &ResourceInfo, obj: &mut Value, view: &StoreView<'_
                 m.insert("status".into(), json!({"phase": "Active"}));
             }
         }
+        ("storage.k8s.io", "VolumeAttachment") => {
+            if let Some(m) = obj.as_object_mut() {
+                m.remove("status");
+            }
+        }
+        _ => {}
+    }
+    normalize(res, obj);
+    warnings
+}
+
+/// Defaulting and normalisation applied on every write (create and update), like the
+/// scheme defaulters that run on every decode.
+pub(crate) fn normalize(res: &ResourceInfo, obj: &mut Value) {
+    match (res.group, res.kind) {
+        ("", "PersistentVolumeClaim") => {
+            set_default(obj, "spec", "volumeMode", json!("Filesystem"));
+        }
+        ("", "PersistentVolume") => {
+            set_default(obj, "spec", "volumeMode", json!("Filesystem"));
+            set_default(
+                obj,
+                "spec",
+                "persistentVolumeReclaimPolicy",
+                json!("Retain"),
+            );
+        }
         ("storage.k8s.io", "StorageClass") => {
             if let Some(m) = obj.as_object_mut() {
                 m.entry("reclaimPolicy").or_insert(json!("Delete"));
@@ -159,20 +185,7 @@ pub(crate) fn on_create(res: &ResourceInfo, obj: &mut Value, view: &StoreView<'_
                 set_default(obj, "spec", k, v);
             }
         }
-        ("storage.k8s.io", "VolumeAttachment") => {
-            if let Some(m) = obj.as_object_mut() {
-                m.remove("status");
-            }
-        }
-        _ => {}
-    }
-    normalize(res, obj);
-    warnings
-}
 
-/// Normalisation applied on every write (create and update).
-pub(crate) fn normalize(res: &ResourceInfo, obj: &mut Value) {
-    match (res.group, res.kind) {
         ("", "Secret") => {
             let string_data = obj.as_object_mut().and_then(|m| m.remove("stringData"));
             if let Some(Value::Object(sd)) = string_data

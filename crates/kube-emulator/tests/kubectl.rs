@@ -159,6 +159,9 @@ fn kubectl_apply_get_patch_label_table_and_delete_wait() {
     let pvc2 = write(dir.path(), "pvc2.yaml", &labelled);
     assert!(srv.ok(&["apply", "-f", &pvc2], None).contains("configured"));
 
+    // replace sends a manifest without defaulted fields (volumeMode) or finalizers.
+    assert!(srv.ok(&["replace", "-f", &pvc2], None).contains("replaced"));
+
     let sc_json = srv.json(&["get", "sc", "rbd", "-o", "json"]);
     assert_eq!(sc_json["volumeBindingMode"], "Immediate");
     let claim = srv.json(&["get", "pvc", "demo", "-o", "json"]);
