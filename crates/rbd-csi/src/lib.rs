@@ -14,10 +14,11 @@
 //! # }
 //! ```
 //!
-//! Module map: [`identity`], [`node`] (+ [`mapper`] for krbd / rbd-nbd / rbd-fuse+loop),
+//! Module map: [`identity`], [`controller`], [`node`] (+ [`mapper`] for krbd / rbd-nbd / rbd-fuse+loop),
 //! [`registration`], [`server`]; pure helpers in [`volume`] (volume IDs, image names, sizes).
 
 pub mod config;
+pub mod controller;
 pub mod exec;
 pub mod fs;
 pub mod identity;

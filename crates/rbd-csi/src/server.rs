@@ -96,8 +96,10 @@ pub async fn serve(
         .services
         .node()
         .then(|| NodeServer::new(NodeService::new(config.node_config())));
-    // TODO(controller): wired once ceph-rbd lands.
-    let controller: Option<NodeServer<NodeService>> = None;
+    let controller = config
+        .services
+        .controller()
+        .then(|| crate::controller::server(&config));
 
     let listener = bind_unix(&config.endpoint)?;
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name,
@@ -155,5 +157,8 @@ pub async fn serve(
 
 async fn identity_service(config: &CsiConfig) -> Result<IdentityService, CsiError> {
     let identity = IdentityService::new(config.driver_name.clone());
-    Ok(identity)
+    Ok(match &config.probe {
+        Some(probe) => identity.with_probe(crate::controller::probe(probe)),
+        None => identity,
+    })
 }

@@ -1,0 +1,218 @@
+//! The CSI Controller service: CreateVolume, DeleteVolume, ControllerExpandVolume,
+//! ValidateVolumeCapabilities, GetCapacity and ControllerGetCapabilities, on librbd through
+//! `ceph-rbd` (pooled connections keyed by monitors + user + key).
+//!
+//! **Idempotency** comes from deterministic names, not a journal: the image name is derived from
+//! the request name ([`crate::volume::image_name`]), so a retried CreateVolume finds its image.
+//! The owner (request name, claim, driver) is recorded in the image's metadata with the same keys
+//! the built-in provisioner uses ([`META_PV`], [`META_CLAIM`], [`META_PROVISIONER`]); an image of
+//! that name owned by another request is ALREADY_EXISTS, never adopted. Calls for one volume (or
+//! one request name) are serialised: a concurrent second call gets ABORTED.
+
+mod params;
+mod volumes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ceph_rbd::{ClusterConfig, ConnectionPool, PoolOptions, Secret};
+use tonic::{Request, Response, Status};
+
+use crate::config::{CsiConfig, ProbeCluster};
+use crate::identity::ReadinessProbe;
+use crate::locks::VolumeLocks;
+use crate::proto::csi::{self, controller_server::Controller, controller_service_capability};
+
+pub use params::{CreateParams, create_params, credentials};
+
+/// Image metadata key: the CSI request name (the PV name with the external-provisioner).
+pub const META_PV: &str = "provisioner.ceph.com/pv";
+/// Image metadata key: `namespace/name` of the claim, when known.
+pub const META_CLAIM: &str = "provisioner.ceph.com/claim";
+/// Image metadata key: who created the image (the CSI driver name).
+pub const META_PROVISIONER: &str = "provisioner.ceph.com/provisioner";
+
+/// The Controller service.
+#[derive(Clone)]
+pub struct ControllerService {
+    ceph: ConnectionPool,
+    driver_name: String,
+    default_monitors: Option<String>,
+    /// Credentials for calls that carry no secrets (GetCapacity).
+    capacity_cluster: Option<ProbeCluster>,
+    locks: VolumeLocks,
+}
+
+impl std::fmt::Debug for ControllerService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerService")
+            .field("driver_name", &self.driver_name)
+            .field("default_monitors", &self.default_monitors)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControllerService {
+    /// A controller for `config` sharing Ceph connections through `ceph`.
+    #[must_use]
+    pub fn new(config: &CsiConfig, ceph: ConnectionPool) -> Self {
+        Self {
+            ceph,
+            driver_name: config.driver_name.clone(),
+            default_monitors: config.default_monitors.clone(),
+            capacity_cluster: config.probe.clone(),
+            locks: VolumeLocks::new(),
+        }
+    }
+
+    async fn cluster(
+        &self,
+        monitors: &str,
+        user: &str,
+        key: &str,
+    ) -> Result<Arc<ceph_rbd::Cluster>, Status> {
+        let cfg = ClusterConfig::new(monitors, user, Secret::new(key));
+        self.ceph.get(&cfg).await.map_err(ceph_status)
+    }
+}
+
+/// The gRPC server for the controller of `config` (own connection pool).
+#[must_use]
+pub fn server(config: &CsiConfig) -> csi::controller_server::ControllerServer<ControllerService> {
+    csi::controller_server::ControllerServer::new(ControllerService::new(
+        config,
+        ConnectionPool::new(PoolOptions::default()),
+    ))
+}
+
+/// Maps a Ceph error to the CSI code a CO acts on.
+pub(crate) fn ceph_status(e: ceph_rbd::Error) -> Status {
+    use ceph_rbd::Error as E;
+    let message = e.to_string();
+    match e {
+        E::NotFound { .. } => Status::not_found(message),
+        E::AlreadyExists { .. } => Status::already_exists(message),
+        E::InUse { .. } | E::Busy { .. } | E::HasDependents { .. } => {
+            Status::failed_precondition(message)
+        }
+        E::PermissionDenied { .. } => Status::permission_denied(message),
+        E::Timeout { .. } => Status::unavailable(message),
+        E::InvalidArgument { .. } => Status::invalid_argument(message),
+        E::Other { .. } => Status::internal(message),
+    }
+}
+
+/// Probe readiness: Ceph answers a cluster-stats query within a few seconds.
+struct CephProbe {
+    ceph: ConnectionPool,
+    cluster: ProbeCluster,
+}
+
+#[async_trait::async_trait]
+impl ReadinessProbe for CephProbe {
+    async fn ready(&self) -> Result<bool, String> {
+        let cfg = ClusterConfig::new(
+            &self.cluster.monitors,
+            &self.cluster.user,
+            Secret::new(self.cluster.key.clone()),
+        )
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_op_timeout(Duration::from_secs(5));
+        let result = match self.ceph.get(&cfg).await {
+            Ok(cluster) => cluster.cluster_stats().await.map(drop),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                tracing::warn!(error = %e, "Ceph not reachable");
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// A readiness probe that checks `cluster`.
+#[must_use]
+pub fn probe(cluster: &ProbeCluster) -> Arc<dyn ReadinessProbe> {
+    Arc::new(CephProbe {
+        ceph: ConnectionPool::new(PoolOptions::default()),
+        cluster: cluster.clone(),
+    })
+}
+
+fn rpc_capability(
+    kind: controller_service_capability::rpc::Type,
+) -> csi::ControllerServiceCapability {
+    csi::ControllerServiceCapability {
+        r#type: Some(controller_service_capability::Type::Rpc(
+            controller_service_capability::Rpc {
+                r#type: kind as i32,
+            },
+        )),
+    }
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        request: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        Ok(Response::new(
+            volumes::create(self, request.into_inner()).await?,
+        ))
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        volumes::delete(self, request.into_inner()).await?;
+        Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        Ok(Response::new(
+            volumes::validate(self, request.into_inner()).await?,
+        ))
+    }
+
+    async fn get_capacity(
+        &self,
+        request: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        Ok(Response::new(
+            volumes::capacity(self, request.into_inner()).await?,
+        ))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _request: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        use controller_service_capability::rpc::Type;
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
+            capabilities: [
+                Type::CreateDeleteVolume,
+                Type::ExpandVolume,
+                Type::GetCapacity,
+            ]
+            .into_iter()
+            .map(rpc_capability)
+            .collect(),
+        }))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        request: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        Ok(Response::new(
+            volumes::expand(self, request.into_inner()).await?,
+        ))
+    }
+}

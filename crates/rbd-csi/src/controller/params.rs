@@ -1,0 +1,191 @@
+//! CreateVolume parameters and controller secrets (pure: no I/O).
+//!
+//! | parameter | default | meaning |
+//! |---|---|---|
+//! | `monitors` | `CsiConfig::default_monitors` | comma-separated `host:port` list (required if no default) |
+//! | `pool` | `rbd` | pool for the image |
+//! | `dataPool` | none | erasure-coded data pool |
+//! | `imageFeatures` | librbd default | comma list (`layering,exclusive-lock,object-map,fast-diff,deep-flatten,journaling`) |
+//! | `userID` / `userId` | none | Ceph user nodes map with (into `volume_context`; else the node-stage secret's `userID`) |
+//! | `mounter` | node default | `rbd`/`krbd`, `rbd-nbd`, `fuse` (into `volume_context`) |
+//! | `csi.storage.k8s.io/fstype` | none | checked: `ext4` or `xfs` |
+//! | other `csi.storage.k8s.io/*` | | ignored, except `pvc/name` + `pvc/namespace`, recorded as the owner claim |
+//!
+//! Any other key is an error (as in the `ceph.com/rbd` provisioner), so a typo cannot silently
+//! produce a volume with the wrong settings.
+//!
+//! Secrets: user from `userID` (or `adminId`/`adminID`; default `admin`), key from `userKey`
+//! (or `key`, the in-tree plugin's secret key; or `adminKey`).
+
+use std::collections::HashMap;
+
+use tonic::Status;
+
+use crate::fs::FsType;
+use crate::mapper::MounterKind;
+
+/// What CreateVolume's parameters ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateParams {
+    pub monitors: String,
+    pub pool: String,
+    pub data_pool: Option<String>,
+    /// Raw `imageFeatures` value (validated by `ceph_rbd::Features::parse`).
+    pub image_features: Option<String>,
+    pub node_user: Option<String>,
+    pub mounter: Option<MounterKind>,
+    /// `namespace/name` of the claim, when the external-provisioner passes it.
+    pub claim: Option<String>,
+}
+
+const CSI_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// Parses CreateVolume (or GetCapacity) parameters.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` naming the offending parameter.
+pub fn create_params(
+    parameters: &HashMap<String, String>,
+    default_monitors: Option<&str>,
+) -> Result<CreateParams, Status> {
+    let mut params = CreateParams {
+        monitors: default_monitors.unwrap_or_default().to_owned(),
+        pool: "rbd".to_owned(),
+        data_pool: None,
+        image_features: None,
+        node_user: None,
+        mounter: None,
+        claim: None,
+    };
+    let mut claim_name = None;
+    let mut claim_namespace = None;
+    for (key, value) in parameters {
+        let value = value.trim();
+        match key.as_str() {
+            "monitors" => params.monitors = value.to_owned(),
+            "pool" => {
+                if !value.is_empty() {
+                    params.pool = value.to_owned();
+                }
+            }
+            "dataPool" => params.data_pool = Some(value.to_owned()).filter(|v| !v.is_empty()),
+            "imageFeatures" => params.image_features = Some(value.to_owned()),
+            "userID" | "userId" => {
+                params.node_user = Some(value.to_owned()).filter(|v| !v.is_empty())
+            }
+            "mounter" => {
+                params.mounter =
+                    Some(MounterKind::parse(value).map_err(|e| {
+                        Status::invalid_argument(format!("parameters.mounter: {e}"))
+                    })?);
+            }
+            "csi.storage.k8s.io/fstype" => {
+                FsType::parse(value)
+                    .map_err(|e| Status::invalid_argument(format!("parameters.{key}: {e}")))?;
+            }
+            "csi.storage.k8s.io/pvc/name" => claim_name = Some(value.to_owned()),
+            "csi.storage.k8s.io/pvc/namespace" => claim_namespace = Some(value.to_owned()),
+            other if other.starts_with(CSI_PREFIX) => {}
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown parameter {other:?} (known: monitors, pool, dataPool, imageFeatures, \
+                     userID, mounter, csi.storage.k8s.io/*)"
+                )));
+            }
+        }
+    }
+    if params.monitors.is_empty() {
+        return Err(Status::invalid_argument(
+            "parameters.monitors is required (no default monitors configured)",
+        ));
+    }
+    if let (Some(ns), Some(name)) = (claim_namespace, claim_name) {
+        params.claim = Some(format!("{ns}/{name}"));
+    }
+    Ok(params)
+}
+
+/// Ceph user and key from a controller call's secrets.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` when no key is present.
+pub fn credentials(secrets: &HashMap<String, String>) -> Result<(String, String), Status> {
+    let first = |keys: &[&str]| {
+        keys.iter()
+            .filter_map(|k| secrets.get(*k))
+            .find(|v| !v.is_empty())
+            .cloned()
+    };
+    let user = first(&["userID", "adminId", "adminID"]).unwrap_or_else(|| "admin".to_owned());
+    let key = first(&["userKey", "key", "adminKey"])
+        .ok_or_else(|| Status::invalid_argument("secrets.userKey (or secrets.key) is required"))?;
+    Ok((user, key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_and_all_known_parameters() {
+        let p = create_params(&HashMap::new(), Some("m:1")).unwrap();
+        assert_eq!((p.monitors.as_str(), p.pool.as_str()), ("m:1", "rbd"));
+        let p = create_params(
+            &map(&[
+                ("monitors", "a:1,b:2"),
+                ("pool", "kube"),
+                ("dataPool", "ec"),
+                ("imageFeatures", "layering"),
+                ("userID", "kube"),
+                ("mounter", "fuse"),
+                ("csi.storage.k8s.io/fstype", "xfs"),
+                ("csi.storage.k8s.io/pvc/name", "data"),
+                ("csi.storage.k8s.io/pvc/namespace", "apps"),
+                ("csi.storage.k8s.io/pv/name", "pvc-1"),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.monitors, "a:1,b:2");
+        assert_eq!(p.pool, "kube");
+        assert_eq!(p.data_pool.as_deref(), Some("ec"));
+        assert_eq!(p.image_features.as_deref(), Some("layering"));
+        assert_eq!(p.node_user.as_deref(), Some("kube"));
+        assert_eq!(p.mounter, Some(MounterKind::FuseLoop));
+        assert_eq!(p.claim.as_deref(), Some("apps/data"));
+    }
+
+    #[test]
+    fn unknown_parameters_missing_monitors_and_bad_values_are_rejected() {
+        let err = create_params(&map(&[("pol", "x")]), Some("m:1")).unwrap_err();
+        assert!(err.message().contains("\"pol\""));
+        let err = create_params(&HashMap::new(), None).unwrap_err();
+        assert!(err.message().contains("monitors"));
+        assert!(create_params(&map(&[("mounter", "iscsi")]), Some("m")).is_err());
+        assert!(create_params(&map(&[("csi.storage.k8s.io/fstype", "zfs")]), Some("m")).is_err());
+    }
+
+    #[test]
+    fn credentials_accept_csi_and_in_tree_keys() {
+        assert_eq!(
+            credentials(&map(&[("userID", "kube"), ("userKey", "K1")])).unwrap(),
+            ("kube".into(), "K1".into())
+        );
+        assert_eq!(
+            credentials(&map(&[("key", "K2")])).unwrap(),
+            ("admin".into(), "K2".into())
+        );
+        assert_eq!(
+            credentials(&map(&[("adminId", "boss"), ("key", "K3")])).unwrap(),
+            ("boss".into(), "K3".into())
+        );
+        assert!(credentials(&map(&[("userID", "kube")])).is_err());
+    }
+}

@@ -1,0 +1,510 @@
+//! The Controller service over a real unix socket against a private Ceph cluster: create/delete/
+//! expand with the spec's idempotency and error codes, capabilities, capacity, owner metadata,
+//! and a created volume staged by the node service.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{
+    TestServer, block_cap, fuse_processes_under, loops_under, mount_cap, mounts_under, strings,
+};
+use rbd_csi::proto::csi;
+use rbd_csi::{ProbeCluster, Services};
+use tonic::Code;
+
+const MIB: i64 = 1 << 20;
+
+async fn server() -> TestServer {
+    let cluster = micro_ceph::cluster();
+    TestServer::start(Services::All, |c| {
+        c.probe = Some(ProbeCluster {
+            monitors: cluster.monitors.clone(),
+            user: "admin".into(),
+            key: cluster.admin_key.clone(),
+        });
+    })
+    .await
+}
+
+fn secrets() -> HashMap<String, String> {
+    strings(&[
+        ("userID", "admin"),
+        ("userKey", &micro_ceph::cluster().admin_key),
+    ])
+}
+
+fn params() -> HashMap<String, String> {
+    let cluster = micro_ceph::cluster();
+    strings(&[
+        ("monitors", &cluster.monitors),
+        ("pool", &cluster.pool),
+        ("mounter", "fuse"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+        ("csi.storage.k8s.io/pvc/name", "data"),
+        ("csi.storage.k8s.io/pvc/namespace", "apps"),
+    ])
+}
+
+fn create_request(name: &str, required: i64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: (required > 0).then_some(csi::CapacityRange {
+            required_bytes: required,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount_cap("ext4")],
+        parameters: params(),
+        secrets: secrets(),
+        ..Default::default()
+    }
+}
+
+fn image_size(image: &str) -> Option<u64> {
+    let cluster = micro_ceph::cluster();
+    let out = cluster
+        .rbd(&[
+            "info",
+            "--format",
+            "json",
+            &format!("{}/{image}", cluster.pool),
+        ])
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["size"].as_u64()
+}
+
+fn remove_image(image: &str) {
+    let cluster = micro_ceph::cluster();
+    let _ = cluster.rbd(&["rm", "--no-progress", &format!("{}/{image}", cluster.pool)]);
+}
+
+#[tokio::test]
+async fn create_is_idempotent_and_records_the_owner() {
+    let server = server().await;
+    let mut ctl = server.controller().await;
+    remove_image("pvc-ctl-create");
+    let first = ctl
+        .create_volume(create_request("pvc-ctl-create", 10 * MIB + 1))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(first.capacity_bytes, 11 * MIB, "rounded up to MiB");
+    let cluster = micro_ceph::cluster();
+    assert_eq!(
+        first.volume_id,
+        format!("v1/{}/{}/pvc-ctl-create", cluster.monitors, cluster.pool)
+    );
+    assert_eq!(first.volume_context["imageName"], "pvc-ctl-create");
+    assert_eq!(first.volume_context["pool"], cluster.pool);
+    assert_eq!(first.volume_context["monitors"], cluster.monitors);
+    assert_eq!(first.volume_context["mounter"], "fuse");
+    assert_eq!(image_size("pvc-ctl-create"), Some(11 << 20));
+
+    // Same name, compatible size: the same volume.
+    let again = ctl
+        .create_volume(create_request("pvc-ctl-create", 5 * MIB))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(again.volume_id, first.volume_id);
+    assert_eq!(again.capacity_bytes, 11 * MIB);
+    // Incompatible size: ALREADY_EXISTS.
+    let err = ctl
+        .create_volume(create_request("pvc-ctl-create", 64 * MIB))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+
+    let meta = cluster
+        .rbd(&[
+            "image-meta",
+            "list",
+            "--format",
+            "json",
+            &format!("{}/pvc-ctl-create", cluster.pool),
+        ])
+        .unwrap();
+    let meta: HashMap<String, String> = serde_json::from_str(&meta).unwrap();
+    assert_eq!(meta["provisioner.ceph.com/pv"], "pvc-ctl-create");
+    assert_eq!(meta["provisioner.ceph.com/claim"], "apps/data");
+    assert_eq!(
+        meta["provisioner.ceph.com/provisioner"],
+        "rbd.provisioner.ceph.io"
+    );
+
+    ctl.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: first.volume_id.clone(),
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(image_size("pvc-ctl-create"), None);
+    // Deleting again (volume gone) is OK.
+    ctl.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: first.volume_id,
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn default_size_is_one_gib_and_unsafe_names_are_hashed() {
+    let server = server().await;
+    let mut ctl = server.controller().await;
+    let vol = ctl
+        .create_volume(create_request("Weird Name/1", 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(vol.capacity_bytes, 1 << 30);
+    let image = &vol.volume_context["imageName"];
+    assert!(image.starts_with("csi-vol-"), "{image}");
+    assert_eq!(image_size(image), Some(1 << 30));
+    ctl.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: vol.volume_id,
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn an_image_owned_by_another_name_is_not_adopted() {
+    let server = server().await;
+    let mut ctl = server.controller().await;
+    let cluster = micro_ceph::cluster();
+    remove_image("pvc-ctl-foreign");
+    cluster
+        .rbd(&[
+            "create",
+            "--size",
+            "4M",
+            &format!("{}/pvc-ctl-foreign", cluster.pool),
+        ])
+        .unwrap();
+    cluster
+        .rbd(&[
+            "image-meta",
+            "set",
+            &format!("{}/pvc-ctl-foreign", cluster.pool),
+            "provisioner.ceph.com/pv",
+            "someone-else",
+        ])
+        .unwrap();
+    let err = ctl
+        .create_volume(create_request("pvc-ctl-foreign", MIB))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+    assert!(err.message().contains("someone-else"));
+    remove_image("pvc-ctl-foreign");
+}
+
+#[tokio::test]
+async fn missing_fields_and_bad_parameters_are_invalid_argument() {
+    let server = server().await;
+    let mut ctl = server.controller().await;
+    let mut req = create_request("", MIB);
+    let err = ctl.create_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("name"));
+
+    req = create_request("pvc-ctl-invalid", MIB);
+    req.volume_capabilities.clear();
+    let err = ctl.create_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("volume_capabilities"));
+
+    req = create_request("pvc-ctl-invalid", MIB);
+    req.parameters
+        .insert("imageFeature".into(), "layering".into());
+    let err = ctl.create_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("imageFeature"));
+
+    req = create_request("pvc-ctl-invalid", MIB);
+    req.parameters
+        .insert("imageFeatures".into(), "object-map".into());
+    let err = ctl.create_volume(req).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Code::InvalidArgument,
+        "object-map needs exclusive-lock"
+    );
+
+    req = create_request("pvc-ctl-invalid", MIB);
+    req.secrets.clear();
+    let err = ctl.create_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("userKey"));
+
+    let err = ctl
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: String::new(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("volume_id"));
+    // A malformed (foreign) id names nothing of ours: OK.
+    ctl.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: "not-ours".into(),
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn expand_grows_never_shrinks_and_missing_volumes_are_not_found() {
+    let server = server().await;
+    let mut ctl = server.controller().await;
+    remove_image("pvc-ctl-expand");
+    let vol = ctl
+        .create_volume(create_request("pvc-ctl-expand", 8 * MIB))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let expand = |required: i64, cap: csi::VolumeCapability| csi::ControllerExpandVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required,
+            limit_bytes: 0,
+        }),
+        secrets: secrets(),
+        volume_capability: Some(cap),
+    };
+    let grown = ctl
+        .controller_expand_volume(expand(20 * MIB, mount_cap("ext4")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 20 * MIB);
+    assert!(grown.node_expansion_required);
+    assert_eq!(image_size("pvc-ctl-expand"), Some(20 << 20));
+    // Idempotent, and a smaller request never shrinks.
+    let same = ctl
+        .controller_expand_volume(expand(4 * MIB, block_cap()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(same.capacity_bytes, 20 * MIB);
+    assert!(
+        !same.node_expansion_required,
+        "block volumes need no node step"
+    );
+    assert_eq!(image_size("pvc-ctl-expand"), Some(20 << 20));
+
+    let mut missing = expand(30 * MIB, mount_cap("ext4"));
+    missing.volume_id = vol
+        .volume_id
+        .replace("pvc-ctl-expand", "pvc-ctl-nonexistent");
+    let err = ctl.controller_expand_volume(missing).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let mut malformed = expand(30 * MIB, mount_cap("ext4"));
+    malformed.volume_id = "garbage".into();
+    assert_eq!(
+        ctl.controller_expand_volume(malformed)
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
+    let mut no_range = expand(30 * MIB, mount_cap("ext4"));
+    no_range.capacity_range = None;
+    let err = ctl.controller_expand_volume(no_range).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("capacity_range"));
+
+    ctl.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: vol.volume_id,
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn validate_capabilities_capacity_and_controller_capabilities() {
+    let server = server().await;
+    let mut ctl = server.controller().await;
+    remove_image("pvc-ctl-validate");
+    let vol = ctl
+        .create_volume(create_request("pvc-ctl-validate", MIB))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let ok = ctl
+        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_capabilities: vec![mount_cap("xfs"), block_cap()],
+            secrets: secrets(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ok.confirmed.is_some());
+    let unsupported = ctl
+        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_capabilities: vec![mount_cap("btrfs")],
+            secrets: secrets(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(unsupported.confirmed.is_none());
+    assert!(unsupported.message.contains("btrfs"));
+    let err = ctl
+        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: vol.volume_id.replace("pvc-ctl-validate", "pvc-ctl-gone"),
+            volume_capabilities: vec![mount_cap("ext4")],
+            secrets: secrets(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    let capacity = ctl
+        .get_capacity(csi::GetCapacityRequest {
+            parameters: params(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(capacity.available_capacity >= 0);
+    assert_eq!(capacity.minimum_volume_size, Some(MIB));
+    let err = ctl
+        .get_capacity(csi::GetCapacityRequest {
+            parameters: strings(&[("pool", "no-such-pool")]),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    use csi::controller_service_capability::{Type, rpc};
+    let caps: Vec<i32> = ctl
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .filter_map(|c| c.r#type.map(|Type::Rpc(r)| r.r#type))
+        .collect();
+    for want in [
+        rpc::Type::CreateDeleteVolume,
+        rpc::Type::ExpandVolume,
+        rpc::Type::GetCapacity,
+    ] {
+        assert!(caps.contains(&(want as i32)), "missing {want:?}");
+    }
+    ctl.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: vol.volume_id,
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn probe_reports_ceph_reachability() {
+    let ready = server()
+        .await
+        .identity()
+        .await
+        .probe(csi::ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ready.ready, Some(true));
+    // A cluster that does not answer: not ready (no hang: bounded by the probe's timeouts).
+    let unreachable = TestServer::start(Services::Controller, |c| {
+        c.probe = Some(ProbeCluster {
+            monitors: "127.0.0.1:1".into(),
+            user: "admin".into(),
+            key: micro_ceph::cluster().admin_key.clone(),
+        });
+    })
+    .await;
+    let probe = unreachable
+        .identity()
+        .await
+        .probe(csi::ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(probe.ready, Some(false));
+}
+
+#[tokio::test]
+async fn created_volume_stages_on_the_node_and_delete_refuses_while_mapped() {
+    let server = server().await;
+    let mut ctl = server.controller().await;
+    let mut node = server.node().await;
+    remove_image("pvc-ctl-e2e");
+    let vol = ctl
+        .create_volume(create_request("pvc-ctl-e2e", 16 * MIB))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = server.dir.path().join("e2e/globalmount");
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(mount_cap("ext4")),
+        secrets: secrets(),
+        volume_context: vol.volume_context.clone(),
+        publish_context: HashMap::new(),
+    })
+    .await
+    .unwrap();
+    std::fs::write(staging.join("f"), "x").unwrap();
+
+    let err = ctl
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("watcher"), "{}", err.message());
+
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(mounts_under(server.dir.path()).is_empty());
+    assert!(loops_under(server.dir.path()).is_empty());
+    assert!(fuse_processes_under(server.dir.path()).is_empty());
+    ctl.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: vol.volume_id,
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(image_size("pvc-ctl-e2e"), None);
+}
