@@ -226,6 +226,18 @@ impl Metrics {
             })
             .set(i64::from(leading));
     }
+
+    /// Whether this process currently leads `lease` (as the `leader_election_master_status`
+    /// gauge says), for health endpoints.
+    #[must_use]
+    pub fn is_leader(&self, lease: &str) -> bool {
+        self.leader
+            .get_or_create(&LeaderLabels {
+                name: lease.to_owned(),
+            })
+            .get()
+            == 1
+    }
 }
 
 /// Encodes `registry` in the Prometheus/OpenMetrics text format.

@@ -45,6 +45,9 @@ pub struct RbdBackend {
     ceph: ConnectionPool,
     config: BackendConfig,
     csi_driver_seen: tokio::sync::Mutex<Option<(Instant, bool)>>,
+    /// False after an operation failed because Ceph did not answer; true again after one that
+    /// reached it. Reported by `/readyz`.
+    ceph_reachable: std::sync::atomic::AtomicBool,
 }
 
 impl RbdBackend {
@@ -54,9 +57,18 @@ impl RbdBackend {
             ceph,
             config,
             csi_driver_seen: tokio::sync::Mutex::new(None),
+            ceph_reachable: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
+    /// Whether the last connection attempt reached the cluster.
+    pub fn ceph_reachable(&self) -> bool {
+        self.ceph_reachable
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A pooled connection. A broken connection is replaced by the pool, so this is where an
+    /// outage shows (and ends).
     async fn cluster(
         &self,
         monitors: &str,
@@ -66,7 +78,14 @@ impl RbdBackend {
         let cfg = ClusterConfig::new(monitors, user, key)
             .with_op_timeout(self.config.op_timeout)
             .with_connect_timeout(self.config.op_timeout);
-        self.ceph.get(&cfg).await
+        let cluster = self.ceph.get(&cfg).await;
+        let reachable = match &cluster {
+            Ok(c) => c.is_healthy(),
+            Err(e) => !e.is_connection_failure(),
+        };
+        self.ceph_reachable
+            .store(reachable, std::sync::atomic::Ordering::Relaxed);
+        cluster
     }
 
     /// Whether our CSIDriver object exists (cached for 30 s).

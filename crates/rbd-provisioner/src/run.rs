@@ -54,8 +54,19 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("binding the metrics server to {addr}"))?;
+        let readiness = Readiness {
+            backend: backend.clone(),
+            metrics: metrics.clone(),
+            lease: args
+                .leader_elect
+                .then(|| provisioner::leader::lease_name_for(&args.provisioner_name)),
+        };
         let app = provisioner::metrics::router(Arc::new(registry))
-            .route("/healthz", axum::routing::get(|| async { "ok" }));
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/readyz",
+                axum::routing::get(move || readyz(readiness.clone())),
+            );
         tracing::info!(%addr, "serving metrics on /metrics");
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -94,6 +105,33 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         }
         Err(e) => Err(e).context("controller failed"),
     }
+}
+
+/// What `/readyz` reports.
+#[derive(Clone)]
+struct Readiness {
+    backend: Arc<RbdBackend>,
+    metrics: Metrics,
+    /// The Lease name when leader election is on.
+    lease: Option<String>,
+}
+
+/// 200 unless this replica leads and Ceph is unreachable (503). A standby replica is ready: it
+/// can take over. The body says which role and what Ceph last answered.
+async fn readyz(r: Readiness) -> (axum::http::StatusCode, String) {
+    let leading = r
+        .lease
+        .as_deref()
+        .is_none_or(|lease| r.metrics.is_leader(lease));
+    let ceph = r.backend.ceph_reachable();
+    let role = if leading { "leader" } else { "standby" };
+    let body = format!("{{\"role\":\"{role}\",\"cephReachable\":{ceph}}}\n");
+    let status = if leading && !ceph {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        axum::http::StatusCode::OK
+    };
+    (status, body)
 }
 
 /// Unique per process: two replicas must never share a holder identity.

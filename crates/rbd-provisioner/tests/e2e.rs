@@ -384,3 +384,54 @@ async fn the_key_never_appears_in_logs_events_objects_or_argv() {
     assert!(log.contains("image created"), "trace log is empty?");
     assert!(!log.contains(key.as_str()), "the key leaked into the log");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_endpoints_report_the_leader_and_metrics() {
+    let h = Harness::start().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let port_arg = format!("--metrics-port={port}");
+    let _p = h.spawn(
+        &[
+            &port_arg,
+            "--metrics-address=127.0.0.1",
+            "--leader-election-retry-period=200ms",
+        ],
+        &[],
+    );
+    h.create_class("rbd", &h.params(), "Delete").await;
+    h.create_claim("m", "rbd", "8Mi", false).await;
+    h.wait_bound("m").await;
+    let get = |path: &'static str| async move {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await.ok()?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await.ok()?;
+        Some(body)
+    };
+    let ready = get("/readyz").await.unwrap();
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    assert!(
+        ready.contains("\"role\":\"leader\",\"cephReachable\":true"),
+        "{ready}"
+    );
+    assert!(get("/healthz").await.unwrap().starts_with("HTTP/1.1 200"));
+    let metrics = get("/metrics").await.unwrap();
+    assert!(
+        metrics.contains(
+            "controller_persistentvolumeclaim_provision_total{class=\"rbd\",source=\"\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("leader_election_master_status{name=\"ceph.com-rbd\"} 1"),
+        "{metrics}"
+    );
+}
