@@ -29,6 +29,7 @@ mod server;
 mod status;
 mod store;
 mod util;
+mod validation;
 
 pub use emulator::{DEFAULT_WATCH_HISTORY, Emulator, EmulatorBuilder};
 pub use faults::Faults;

@@ -1,11 +1,13 @@
 //! The HTTP surface: routing of Kubernetes REST paths, request accounting, fault injection,
 //! and `Status` answers for everything that goes wrong.
 
-mod crud;
+mod delete;
 mod discovery;
 mod faults_http;
+mod read;
 mod table;
 mod watch;
+mod write;
 
 use std::sync::Arc;
 
@@ -212,18 +214,18 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         body,
     };
     let result = match verb {
-        "get" => crud::get(&ctx),
-        "list" => crud::list(&ctx),
+        "get" => read::get(&ctx),
+        "list" => read::list(&ctx),
         "watch" => {
             return watch::watch(ctx)
                 .await
                 .unwrap_or_else(|e| error_response(&e));
         }
-        "create" => crud::create(&ctx),
-        "update" => crud::update(&ctx),
-        "patch" => crud::patch(&ctx),
-        "delete" => crud::delete(&ctx),
-        _ => crud::delete_collection(&ctx),
+        "create" => write::create(&ctx),
+        "update" => write::update(&ctx),
+        "patch" => write::patch(&ctx),
+        "delete" => delete::delete(&ctx),
+        _ => delete::delete_collection(&ctx),
     };
     result.unwrap_or_else(|e| error_response(&e))
 }

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::crud::{present, selectors};
+use super::read::{present, selectors};
 use super::{Ctx, error_response};
 use crate::resources::ResourceInfo;
 use crate::selectors::FieldSelector;
