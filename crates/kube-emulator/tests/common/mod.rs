@@ -120,3 +120,21 @@ pub fn recorded(file: &str, step: u64) -> Value {
         .unwrap_or_else(|| panic!("step {step} in {file}"))
         .clone()
 }
+
+/// The Status of an API error.
+pub fn api_err(e: kube::Error) -> Box<kube::core::Status> {
+    match e {
+        kube::Error::Api(s) => s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+pub fn pvcs(emu: &kube_emulator::Emulator) -> kube::Api<PersistentVolumeClaim> {
+    kube::Api::default_namespaced(emu.client())
+}
+
+pub fn no_controller() -> kube_emulator::Emulator {
+    kube_emulator::Emulator::builder()
+        .pv_controller(false)
+        .build()
+}
