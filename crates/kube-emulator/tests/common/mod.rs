@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod pv_env;
+
 use std::time::Duration;
 
 use axum::body::Body;
