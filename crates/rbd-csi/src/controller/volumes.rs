@@ -1,6 +1,7 @@
 //! The controller calls' logic.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use ceph_rbd::{CreateOptions, Features};
 use tonic::Status;
@@ -161,15 +162,28 @@ pub(super) async fn delete(
     let (user, key) = credentials(&req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(volume_id)?;
     let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
-    match cluster.remove_image(&id.pool, &id.image).await {
-        Ok(()) => {
-            tracing::info!(volume_id, "volume deleted");
-            Ok(())
+    // EBUSY with no watcher left is the tail of a client that just closed the image (its watch
+    // is still being torn down): retry briefly. Real watchers (a mapped volume) fail at once.
+    let mut delay = Duration::from_millis(100);
+    let deadline = Instant::now() + BUSY_RETRY_FOR;
+    loop {
+        match cluster.remove_image(&id.pool, &id.image).await {
+            Ok(()) => {
+                tracing::info!(volume_id, "volume deleted");
+                return Ok(());
+            }
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(ceph_rbd::Error::Busy { .. }) if Instant::now() + delay < deadline => {
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(e) => return Err(ceph_status(e)),
         }
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(ceph_status(e)),
     }
 }
+
+/// How long DeleteVolume retries an EBUSY without watchers.
+const BUSY_RETRY_FOR: Duration = Duration::from_secs(3);
 
 pub(super) async fn expand(
     ctl: &ControllerService,

@@ -133,4 +133,37 @@ mod tests {
         assert!(result.is_err());
         assert_eq!(std::fs::read_dir(&keys).unwrap().count(), 0);
     }
+    #[tokio::test]
+    async fn key_reaches_rbd_only_through_a_private_file_removed_after_map() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let script = dir.join("fake-rbd");
+        // Arguments: map POOL/IMAGE --id USER -m MONITORS --keyfile FILE -> FILE is $8.
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\n[ \"$(stat -c %a \"$8\")\" = 600 ] || exit 3\n\
+                 cat \"$8\" > {d}/seen-key\necho \"$@\" > {d}/seen-args\necho /dev/rbd7\n",
+                d = dir.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let keys = dir.join("keys");
+        let mapper = KrbdMapper::new(keys.clone(), None).with_program(script.display().to_string());
+        let mapped = mapper.map(&spec(), &Key::new("AQBsecret==")).await.unwrap();
+        assert_eq!(mapped.device, PathBuf::from("/dev/rbd7"));
+        assert_eq!(
+            std::fs::read_to_string(dir.join("seen-key")).unwrap(),
+            "AQBsecret=="
+        );
+        let args = std::fs::read_to_string(dir.join("seen-args")).unwrap();
+        assert!(args.contains("--keyfile") && !args.contains("AQBsecret"));
+        assert_eq!(
+            std::fs::read_dir(&keys).unwrap().count(),
+            0,
+            "key file removed"
+        );
+    }
 }
