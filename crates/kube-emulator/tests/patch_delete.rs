@@ -296,3 +296,60 @@ async fn pods_and_objects_without_finalizers_are_deleted_at_once() {
         .unwrap();
     assert_eq!(status.details.unwrap().name, "c");
 }
+
+#[tokio::test]
+async fn delete_collection_honours_selectors_and_finalizers() {
+    let emu = no_controller();
+    for (name, app) in [("a", "db"), ("b", "db"), ("c", "web")] {
+        let mut p = pvc(name, Some("x"), "1Gi");
+        p.metadata.labels = Some([("app".to_string(), app.to_string())].into());
+        pvcs(&emu).create(&PostParams::default(), &p).await.unwrap();
+    }
+    let deleted = pvcs(&emu)
+        .delete_collection(
+            &DeleteParams::default(),
+            &kube::api::ListParams::default().labels("app=db"),
+        )
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
+    assert_eq!(deleted.items.len(), 2);
+    // The finalizer keeps them, terminating.
+    let a = pvcs(&emu).get("a").await.unwrap();
+    assert!(a.metadata.deletion_timestamp.is_some());
+    assert!(
+        pvcs(&emu)
+            .get("c")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_namespace_removes_its_objects() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let emu = no_controller();
+    let nss: Api<Namespace> = Api::all(emu.client());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "scratch"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(emu.client(), "scratch");
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    nss.delete("scratch", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(nss.get_opt("scratch").await.unwrap().is_none());
+    assert!(cms.get_opt("c").await.unwrap().is_none());
+}
