@@ -522,3 +522,74 @@ async fn in_tree_rbd_pv_is_accepted_with_a_deprecation_warning_and_becomes_avail
     })
     .await;
 }
+
+#[tokio::test]
+async fn invalid_generate_name_names_both_fields_like_the_recording() {
+    let emu = emu();
+    let (method, path, ct, body) = step_request("09-generate-name.json", 7);
+    let r = raw(&emu, &method, &path, ct.as_deref(), &body).await;
+    let want = recorded("09-generate-name.json", 7)["response"]["body"].clone();
+    assert_eq!(r.status, 422);
+    let fields = |v: &Value| {
+        v["details"]["causes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["field"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(fields(&r.body), fields(&want));
+    let name = r.body["details"]["name"].as_str().unwrap();
+    assert!(name.starts_with("Data-") && name.len() == 10, "{name}");
+    assert_eq!(r.body["details"]["causes"][0], want["details"]["causes"][0]);
+}
+
+#[tokio::test]
+async fn exact_list_older_than_the_window_is_410() {
+    let emu = Emulator::builder()
+        .pv_controller(false)
+        .watch_history(1)
+        .build();
+    for n in ["a", "b", "c"] {
+        create_pvc(&emu, n).await;
+    }
+    let r = raw(
+        &emu,
+        "GET",
+        &format!("{PVCS}?resourceVersion=1&resourceVersionMatch=Exact"),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 410);
+    assert_eq!(r.body, recorded("08-watch.json", 11)["response"]["body"]);
+}
+
+#[tokio::test]
+async fn exact_list_rebuilds_the_snapshot_at_that_resource_version() {
+    let emu = emu();
+    let a = create_pvc(&emu, "a").await;
+    create_pvc(&emu, "b").await;
+    let rv = a["metadata"]["resourceVersion"].as_str().unwrap();
+    let r = raw(
+        &emu,
+        "GET",
+        &format!("{PVCS}?resourceVersion={rv}&resourceVersionMatch=Exact"),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["metadata"]["resourceVersion"], rv);
+    let names: Vec<&str> = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a"]);
+    assert!(
+        r.body["items"][0].get("kind").is_none(),
+        "list items carry no kind"
+    );
+}
