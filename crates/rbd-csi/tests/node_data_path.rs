@@ -421,3 +421,35 @@ async fn staging_a_missing_image_is_not_found_and_leaves_nothing() {
     assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
     assert_nothing_left(&server);
 }
+
+#[tokio::test]
+async fn provisioner_style_attributes_and_in_tree_secret_stage() {
+    // What the built-in provisioner's `csi` PVs carry: monitors/pool/imageName/userID attributes,
+    // no mounter (node default), and a user secret with only `key`.
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-node-provisioner-style", 16);
+    let cluster = micro_ceph::cluster();
+    let staging = server.dir.path().join("pv1/globalmount");
+    let mut node = server.node().await;
+    let mut context = image.context();
+    context.remove("mounter");
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: image.volume_id(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(mount_cap("")),
+        secrets: common::strings(&[("key", &cluster.admin_key)]),
+        volume_context: context,
+        publish_context: HashMap::new(),
+    })
+    .await
+    .unwrap();
+    let mounted = rbd_csi::mount::mount_at(&staging).unwrap().unwrap();
+    assert_eq!(mounted.fs_type, "ext4", "empty fsType means ext4");
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: image.volume_id(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert_nothing_left(&server);
+}
