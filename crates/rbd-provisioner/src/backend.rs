@@ -179,6 +179,7 @@ impl RbdBackend {
                 .metadata_set(pool, image, key, value)
                 .await
                 .map_err(ceph_error)?;
+            crashpoint::hit("after-image-owner-key");
         }
         crashpoint::hit("after-image-metadata");
         Ok(())

@@ -1,23 +1,87 @@
-//! Fault injection for crash-consistency tests: `RBD_PROVISIONER_CRASH_AT=<step>` makes the
-//! process abort (no cleanup, no unwinding, like a SIGKILL) the first time it reaches `<step>`.
-//! Steps: `after-image-create`, `after-image-metadata`, `after-image-remove`, `after-image-resize`.
+//! Fault injection for crash-consistency tests: `RBD_PROVISIONER_CRASH_AT=<step>[:<n>]` makes the
+//! process abort (no cleanup, no unwinding, like a SIGKILL) the `n`-th time (default: the first)
+//! it reaches `<step>`. A later hit of the same step in the same process never aborts again.
+//!
+//! Steps (see `backend.rs`):
+//! - `after-image-create`: the image exists, its owner metadata does not, no PV yet;
+//! - `after-image-owner-key`: after each key of the owner record (`:1` = only the PV key written);
+//! - `after-image-metadata`: image and owner record exist, the PV is not saved yet
+//!   (the last moment before the library's PV save);
+//! - `after-image-remove`: the image is gone, the PV (and its finalizer) still exist;
+//! - `after-image-resize`: the image is larger, the PV capacity is not updated yet.
+//!
+//! Unset or empty: every `hit` is a relaxed atomic load of an initialised `OnceLock`.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-fn configured() -> Option<&'static str> {
-    static AT: OnceLock<Option<String>> = OnceLock::new();
-    AT.get_or_init(|| {
-        std::env::var("RBD_PROVISIONER_CRASH_AT")
-            .ok()
-            .filter(|v| !v.is_empty())
-    })
-    .as_deref()
+struct CrashAt {
+    step: String,
+    nth: u64,
+    hits: AtomicU64,
 }
 
-/// Aborts the process if the crash point `step` is configured.
+/// Parses `<step>[:<n>]`; `n` must be a positive integer (else the whole value names the step,
+/// which then never matches a real step: a typo must not crash a production process).
+fn parse(value: &str) -> Option<(String, u64)> {
+    let value = value.trim();
+    if value.is_empty() {
+        return None;
+    }
+    match value.rsplit_once(':') {
+        Some((step, n)) => match n.parse::<u64>() {
+            Ok(n) if n > 0 => Some((step.to_string(), n)),
+            _ => Some((value.to_string(), 1)),
+        },
+        None => Some((value.to_string(), 1)),
+    }
+}
+
+fn configured() -> Option<&'static CrashAt> {
+    static AT: OnceLock<Option<CrashAt>> = OnceLock::new();
+    AT.get_or_init(|| {
+        let (step, nth) = parse(&std::env::var("RBD_PROVISIONER_CRASH_AT").ok()?)?;
+        Some(CrashAt {
+            step,
+            nth,
+            hits: AtomicU64::new(0),
+        })
+    })
+    .as_ref()
+}
+
+/// Aborts the process if the crash point `step` is configured and this is its `n`-th hit.
 pub fn hit(step: &str) {
-    if configured() == Some(step) {
-        eprintln!("crash point {step} reached: aborting (RBD_PROVISIONER_CRASH_AT)");
+    let Some(at) = configured() else {
+        return;
+    };
+    if at.step != step {
+        return;
+    }
+    let hits = at.hits.fetch_add(1, Ordering::SeqCst) + 1;
+    if hits == at.nth {
+        eprintln!("crash point {step} reached (hit {hits}): aborting (RBD_PROVISIONER_CRASH_AT)");
         std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn step_and_optional_hit_number() {
+        assert_eq!(
+            parse("after-image-create"),
+            Some(("after-image-create".into(), 1))
+        );
+        assert_eq!(
+            parse("after-image-remove:3"),
+            Some(("after-image-remove".into(), 3))
+        );
+        assert_eq!(parse(" "), None);
+        // not a positive number: the value stays one (unknown) step name
+        assert_eq!(parse("x:0"), Some(("x:0".into(), 1)));
+        assert_eq!(parse("x:y"), Some(("x:y".into(), 1)));
     }
 }
