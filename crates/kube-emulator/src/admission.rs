@@ -146,6 +146,9 @@ pub(crate) fn normalize(res: &ResourceInfo, obj: &mut Value) {
         }
 
         ("", "Secret") => {
+            if let Some(m) = obj.as_object_mut() {
+                m.entry("type").or_insert(json!("Opaque"));
+            }
             let string_data = obj.as_object_mut().and_then(|m| m.remove("stringData"));
             if let Some(Value::Object(sd)) = string_data
                 && let Some(data) = obj_mut(obj, "data")

@@ -183,3 +183,18 @@ async fn kube_runtime_event_recorder_works_through_events_k8s_io() {
         Some(Some(2))
     );
 }
+
+#[tokio::test]
+async fn secret_string_data_is_folded_into_data_and_type_defaults_to_opaque() {
+    use k8s_openapi::api::core::v1::Secret;
+    let emu = no_controller();
+    let secrets: Api<Secret> = Api::default_namespaced(emu.client());
+    let s: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "ceph-admin"}, "stringData": {"key": "AQBsecret=="}}),
+    )
+    .unwrap();
+    let created = secrets.create(&PostParams::default(), &s).await.unwrap();
+    assert_eq!(created.type_.as_deref(), Some("Opaque"));
+    assert!(created.string_data.is_none());
+    assert_eq!(created.data.unwrap()["key"].0, b"AQBsecret==");
+}

@@ -149,12 +149,17 @@ impl Controller {
         if volume_name.is_empty() {
             let requested =
                 storage_request(claim, "/spec/resources/requests/storage").unwrap_or(0.0);
-            let (volumes, _) = self.store.list(PVS, None);
-            let prebound = volumes.into_iter().find(|pv| {
+            let fits = |pv: &Arc<Value>| {
                 prebound_to(pv, claim)
                     && !is_terminating(pv)
                     && storage_request(pv, "/spec/capacity/storage").is_some_and(|c| c >= requested)
-            });
+            };
+            // Provisioners name the volume `pvc-<claim uid>`: look there before scanning.
+            let uid = util::meta_str(claim, "uid").unwrap_or_default();
+            let prebound = match self.store.get(PVS, "", &format!("pvc-{uid}")).filter(fits) {
+                Some(pv) => Some(pv),
+                None => self.store.list(PVS, None).0.into_iter().find(fits),
+            };
             match prebound {
                 Some(pv) => self.bind(claim, &pv, true),
                 None => self.provision(claim),
