@@ -61,22 +61,15 @@ impl Cause {
 }
 
 /// An error answered as a `Status` object.
-#[derive(Debug, Clone)]
-pub struct ApiError {
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{code} {reason}: {message}")]
+pub(crate) struct ApiError {
     pub(crate) code: u16,
     pub(crate) reason: &'static str,
     pub(crate) message: String,
     pub(crate) details: Option<Value>,
     pub(crate) retry_after: Option<u64>,
 }
-
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}: {}", self.code, self.reason, self.message)
-    }
-}
-
-impl std::error::Error for ApiError {}
 
 fn details(name: &str, res: &ResourceInfo, kind_field: &str) -> Value {
     let mut d = Map::new();
