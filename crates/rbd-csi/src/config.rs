@@ -20,7 +20,7 @@ pub const DEFAULT_DRIVER_NAME: &str = "rbd.provisioner.ceph.io";
 pub enum Services {
     /// Identity + Controller (the Deployment).
     Controller,
-    /// Identity + Node (the per-node DaemonSet).
+    /// Identity + Node (the per-node `DaemonSet`).
     Node,
     /// Identity + Controller + Node (single-node setups, tests).
     #[default]
@@ -81,12 +81,12 @@ pub struct CsiConfig {
     /// Unix socket the CSI services listen on (a stale socket file is replaced).
     /// Default `/csi/csi.sock`.
     pub endpoint: PathBuf,
-    /// Driver name (GetPluginInfo, kubelet registration, image owner metadata).
+    /// Driver name (`GetPluginInfo`, kubelet registration, image owner metadata).
     /// Default [`DEFAULT_DRIVER_NAME`].
     pub driver_name: String,
     /// Services to serve. Default [`Services::All`].
     pub services: Services,
-    /// Node ID reported by NodeGetInfo (the Kubernetes node name). Default: the host name.
+    /// Node ID reported by `NodeGetInfo` (the Kubernetes node name). Default: the host name.
     pub node_id: String,
     /// Mapper for volumes whose `mounter` attribute is unset. Default [`MounterKind::Krbd`].
     pub default_mounter: MounterKind,
@@ -95,7 +95,7 @@ pub struct CsiConfig {
     pub runtime_dir: PathBuf,
     /// Extra `rbd map -o` options for krbd. Default none.
     pub krbd_map_options: Option<String>,
-    /// NodeGetInfo `max_volumes_per_node`; 0 = unlimited. Default 0.
+    /// `NodeGetInfo` `max_volumes_per_node`; 0 = unlimited. Default 0.
     pub max_volumes_per_node: i64,
     /// Kubelet plugin registration (node service only). Default `None` (not registering).
     pub registration: Option<RegistrationConfig>,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::process::Command;
 
 /// Default deadline of one helper program.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_mins(2);
 
 /// Why a helper program failed.
 #[derive(Debug, thiserror::Error)]

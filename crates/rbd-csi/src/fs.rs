@@ -18,7 +18,7 @@ impl FsType {
     /// Parses a CSI `fs_type` (`""` means the default, ext4, as in ceph-csi).
     ///
     /// # Errors
-    /// The unsupported name, for an INVALID_ARGUMENT.
+    /// The unsupported name, for an `INVALID_ARGUMENT`.
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "" | "ext4" => Ok(Self::Ext4),
@@ -204,10 +204,10 @@ pub fn is_block_device(path: &Path) -> bool {
 /// When the device cannot be opened or queried.
 pub fn block_device_size(path: &Path) -> io::Result<u64> {
     use std::os::fd::AsRawFd;
-    let file = std::fs::File::open(path)?;
-    let mut size: u64 = 0;
     // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
     const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    let file = std::fs::File::open(path)?;
+    let mut size: u64 = 0;
     // SAFETY: the fd is open for the call's duration and `size` is a valid u64 out pointer.
     let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &raw mut size) };
     if rc != 0 {

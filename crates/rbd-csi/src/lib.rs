@@ -17,6 +17,12 @@
 //! Module map: [`identity`], [`controller`], [`node`] (+ [`mapper`] for krbd / rbd-nbd / rbd-fuse+loop),
 //! [`registration`], [`server`]; pure helpers in [`volume`] (volume IDs, image names, sizes).
 
+#![warn(clippy::pedantic)]
+// `mapper`/`mapped`, `staging`/`staged` are the domain's words; renaming them would obscure.
+#![allow(clippy::similar_names)]
+// Every map here is a prost-generated `std::collections::HashMap`; generic hashers add nothing.
+#![allow(clippy::implicit_hasher)]
+
 pub mod config;
 pub mod controller;
 pub mod exec;

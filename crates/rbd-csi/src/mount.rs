@@ -108,8 +108,8 @@ pub fn is_mount_point(path: &Path) -> io::Result<bool> {
     Ok(mount_at(path)?.is_some())
 }
 
-/// `path` made absolute and free of `.`/`..`/duplicate separators (without resolving symlinks,
-/// like the kernel's mount table shows paths under our control).
+/// `path` with symlinks resolved, as the kernel's mount table shows mount points (kubelet
+/// directories are often reached through a symlink); unchanged when it does not exist.
 fn normalize(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
 }

@@ -3,7 +3,7 @@
 //!
 //! The kubelet watches its plugins registry directory (`/var/lib/kubelet/plugins_registry`) for
 //! sockets, calls `GetInfo` on each to learn the plugin type (`CSIPlugin`), name and the CSI
-//! endpoint, registers the driver (CSINode object, `csi` volume plugin) and reports the outcome
+//! endpoint, registers the driver (`CSINode` object, `csi` volume plugin) and reports the outcome
 //! with `NotifyRegistrationStatus`.
 
 use std::path::{Path, PathBuf};

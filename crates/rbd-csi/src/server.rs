@@ -91,7 +91,7 @@ pub async fn serve(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    let identity = IdentityServer::new(identity_service(&config).await?);
+    let identity = IdentityServer::new(identity_service(&config));
     let node = config
         .services
         .node()
@@ -155,10 +155,10 @@ pub async fn serve(
     result
 }
 
-async fn identity_service(config: &CsiConfig) -> Result<IdentityService, CsiError> {
+fn identity_service(config: &CsiConfig) -> IdentityService {
     let identity = IdentityService::new(config.driver_name.clone());
-    Ok(match &config.probe {
+    match &config.probe {
         Some(probe) => identity.with_probe(crate::controller::probe(probe)),
         None => identity,
-    })
+    }
 }

@@ -112,8 +112,19 @@ pub fn image_name(request_name: &str) -> String {
         return request_name.to_owned();
     }
     let digest = Sha256::digest(request_name.as_bytes());
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("csi-vol-{hex}")
+    format!("csi-vol-{}", hex(&digest[..16]))
+}
+
+/// Lower-case hex of `bytes`.
+#[must_use]
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// One MiB.
@@ -155,6 +166,7 @@ pub fn size_compatible(size: u64, required: i64, limit: i64) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_wrap)] // small MiB constants
 mod tests {
     use super::*;
 

@@ -1,12 +1,12 @@
-//! The CSI Controller service: CreateVolume, DeleteVolume, ControllerExpandVolume,
-//! ValidateVolumeCapabilities, GetCapacity and ControllerGetCapabilities, on librbd through
+//! The CSI Controller service: `CreateVolume`, `DeleteVolume`, `ControllerExpandVolume`,
+//! `ValidateVolumeCapabilities`, `GetCapacity` and `ControllerGetCapabilities`, on librbd through
 //! `ceph-rbd` (pooled connections keyed by monitors + user + key).
 //!
 //! **Idempotency** comes from deterministic names, not a journal: the image name is derived from
-//! the request name ([`crate::volume::image_name`]), so a retried CreateVolume finds its image.
+//! the request name ([`crate::volume::image_name`]), so a retried `CreateVolume` finds its image.
 //! The owner (request name, claim, driver) is recorded in the image's metadata with the same keys
 //! the built-in provisioner uses ([`META_PV`], [`META_CLAIM`], [`META_PROVISIONER`]); an image of
-//! that name owned by another request is ALREADY_EXISTS, never adopted. Calls for one volume (or
+//! that name owned by another request is `ALREADY_EXISTS`, never adopted. Calls for one volume (or
 //! one request name) are serialised: a concurrent second call gets ABORTED.
 
 mod params;
@@ -38,7 +38,7 @@ pub struct ControllerService {
     ceph: ConnectionPool,
     driver_name: String,
     default_monitors: Option<String>,
-    /// Credentials for calls that carry no secrets (GetCapacity).
+    /// Credentials for calls that carry no secrets (`GetCapacity`).
     capacity_cluster: Option<ProbeCluster>,
     locks: VolumeLocks,
 }
@@ -85,7 +85,8 @@ pub fn server(config: &CsiConfig) -> csi::controller_server::ControllerServer<Co
     ))
 }
 
-/// Maps a Ceph error to the CSI code a CO acts on.
+/// Maps a Ceph error to the CSI code a CO acts on (by value: it is used as `map_err(ceph_status)`).
+#[allow(clippy::needless_pass_by_value)]
 pub(crate) fn ceph_status(e: ceph_rbd::Error) -> Status {
     use ceph_rbd::Error as E;
     let message = e.to_string();

@@ -1,4 +1,4 @@
-//! CreateVolume parameters and controller secrets (pure: no I/O).
+//! `CreateVolume` parameters and controller secrets (pure: no I/O).
 //!
 //! | parameter | default | meaning |
 //! |---|---|---|
@@ -24,7 +24,7 @@ use tonic::Status;
 use crate::fs::FsType;
 use crate::mapper::MounterKind;
 
-/// What CreateVolume's parameters ask for.
+/// What `CreateVolume`'s parameters ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateParams {
     pub monitors: String,
@@ -40,7 +40,7 @@ pub struct CreateParams {
 
 const CSI_PREFIX: &str = "csi.storage.k8s.io/";
 
-/// Parses CreateVolume (or GetCapacity) parameters.
+/// Parses `CreateVolume` (or `GetCapacity`) parameters.
 ///
 /// # Errors
 /// `INVALID_ARGUMENT` naming the offending parameter.
@@ -62,16 +62,16 @@ pub fn create_params(
     for (key, value) in parameters {
         let value = value.trim();
         match key.as_str() {
-            "monitors" => params.monitors = value.to_owned(),
+            "monitors" => value.clone_into(&mut params.monitors),
             "pool" => {
                 if !value.is_empty() {
-                    params.pool = value.to_owned();
+                    value.clone_into(&mut params.pool);
                 }
             }
             "dataPool" => params.data_pool = Some(value.to_owned()).filter(|v| !v.is_empty()),
             "imageFeatures" => params.image_features = Some(value.to_owned()),
             "userID" | "userId" => {
-                params.node_user = Some(value.to_owned()).filter(|v| !v.is_empty())
+                params.node_user = Some(value.to_owned()).filter(|v| !v.is_empty());
             }
             "mounter" => {
                 params.mounter =

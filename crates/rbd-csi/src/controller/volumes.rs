@@ -126,7 +126,7 @@ pub(super) async fn create(
     })
 }
 
-/// ALREADY_EXISTS unless the image is unowned (a crash between create and the metadata write:
+/// `ALREADY_EXISTS` unless the image is unowned (a crash between create and the metadata write:
 /// ours to finish) or owned by `name`.
 async fn check_owner(
     cluster: &ceph_rbd::Cluster,
@@ -182,7 +182,7 @@ pub(super) async fn delete(
     }
 }
 
-/// How long DeleteVolume retries an EBUSY without watchers.
+/// How long `DeleteVolume` retries an EBUSY without watchers.
 const BUSY_RETRY_FOR: Duration = Duration::from_secs(3);
 
 pub(super) async fn expand(
@@ -267,7 +267,7 @@ pub(super) async fn validate(
 }
 
 /// Space available for new volumes: the cluster's raw available bytes (memstore clusters
-/// without a mgr report 0). Needs [`crate::CsiConfig::probe`] credentials: GetCapacity carries
+/// without a mgr report 0). Needs [`crate::CsiConfig::probe`] credentials: `GetCapacity` carries
 /// no secrets.
 pub(super) async fn capacity(
     ctl: &ControllerService,

@@ -300,7 +300,7 @@ pub fn instance_id(image: &ImageSpec) -> String {
     h.update([0]);
     h.update(image.user.as_bytes());
     let digest = h.finalize();
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    crate::volume::hex(&digest[..8])
 }
 
 /// The `rbd-fuse` arguments: foreground (our child), private conf, user, pool. No key.

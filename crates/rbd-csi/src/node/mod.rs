@@ -27,7 +27,7 @@ use crate::proto::csi::{self, node_server::Node, node_service_capability};
 /// Settings of the node service.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
-    /// This node's ID as NodeGetInfo reports it (the Kubernetes node name).
+    /// This node's ID as `NodeGetInfo` reports it (the Kubernetes node name).
     pub node_id: String,
     /// Mapper for volumes whose context names none.
     pub default_mounter: MounterKind,
@@ -35,7 +35,7 @@ pub struct NodeConfig {
     pub runtime_dir: PathBuf,
     /// `rbd map -o` options for the krbd mapper.
     pub krbd_map_options: Option<String>,
-    /// NodeGetInfo's `max_volumes_per_node` (0 = no limit).
+    /// `NodeGetInfo`'s `max_volumes_per_node` (0 = no limit).
     pub max_volumes_per_node: i64,
 }
 
@@ -120,7 +120,7 @@ impl Node for NodeService {
         &self,
         request: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        publish::publish(self, request.into_inner())?;
+        publish::publish(self, &request.into_inner())?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
     }
 

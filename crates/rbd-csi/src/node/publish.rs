@@ -1,5 +1,5 @@
-//! NodePublishVolume (bind mount of the staging path, or of the device node for block volumes,
-//! read-only when asked) and NodeUnpublishVolume.
+//! `NodePublishVolume` (bind mount of the staging path, or of the device node for block volumes,
+//! read-only when asked) and `NodeUnpublishVolume`.
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +14,7 @@ use crate::status::{internal, require};
 
 pub(super) fn publish(
     node: &NodeService,
-    req: csi::NodePublishVolumeRequest,
+    req: &csi::NodePublishVolumeRequest,
 ) -> Result<(), Status> {
     let volume_id = require(&req.volume_id, "volume_id")?;
     let staging = PathBuf::from(require(&req.staging_target_path, "staging_target_path")?);

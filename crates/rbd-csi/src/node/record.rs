@@ -1,5 +1,5 @@
-//! The staging record: what NodeStageVolume mapped for a staging path, kept in a small JSON file
-//! beside the staging directory (`<parent>/<name>.rbd-csi.json`), so NodeUnstageVolume can unmap
+//! The staging record: what `NodeStageVolume` mapped for a staging path, kept in a small JSON file
+//! beside the staging directory (`<parent>/<name>.rbd-csi.json`), so `NodeUnstageVolume` can unmap
 //! after a plugin restart. Holds no secret.
 
 use std::io;

@@ -69,7 +69,7 @@ pub fn access(capability: Option<&VolumeCapability>, field: &str) -> Result<Acce
     }
 }
 
-/// What NodeStageVolume needs to map an image.
+/// What `NodeStageVolume` needs to map an image.
 #[derive(Debug, Clone)]
 pub struct StageParams {
     pub image: ImageSpec,
@@ -84,7 +84,7 @@ fn first<'a>(map: &'a HashMap<String, String>, keys: &[&str]) -> Option<&'a str>
         .find(|v| !v.is_empty())
 }
 
-/// Image, mapper and key of a NodeStageVolume call: location from `volume_context` (falling back
+/// Image, mapper and key of a `NodeStageVolume` call: location from `volume_context` (falling back
 /// to the volume ID), user from the context or the secret (`userID`, `adminId`; default `admin`),
 /// key from the secret (`userKey`, or `key` as in the in-tree plugin's secrets).
 ///

@@ -1,4 +1,4 @@
-//! NodeStageVolume and NodeUnstageVolume.
+//! `NodeStageVolume` and `NodeUnstageVolume`.
 //!
 //! Stage: validate -> lock the volume -> already staged? done -> map the image -> write the
 //! staging record -> filesystem: mkfs when `blkid -p` finds nothing (an existing ext4 is checked

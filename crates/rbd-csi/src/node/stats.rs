@@ -1,4 +1,4 @@
-//! NodeGetVolumeStats and NodeExpandVolume.
+//! `NodeGetVolumeStats` and `NodeExpandVolume`.
 
 use std::path::{Path, PathBuf};
 
@@ -27,11 +27,11 @@ fn usage(unit: Unit, total: u64, available: u64, used: u64) -> csi::VolumeUsage 
     }
 }
 
-fn condition(abnormal: bool, message: impl Into<String>) -> Option<csi::VolumeCondition> {
-    Some(csi::VolumeCondition {
+fn condition(abnormal: bool, message: impl Into<String>) -> csi::VolumeCondition {
+    csi::VolumeCondition {
         abnormal,
         message: message.into(),
-    })
+    }
 }
 
 /// Usage and condition of a published (or staged) volume path.
@@ -50,14 +50,17 @@ pub(super) fn volume_stats(
     if mounted.is_none() {
         return Ok(csi::NodeGetVolumeStatsResponse {
             usage: Vec::new(),
-            volume_condition: condition(true, format!("{} is not a mount point", path.display())),
+            volume_condition: Some(condition(
+                true,
+                format!("{} is not a mount point", path.display()),
+            )),
         });
     }
     if fs::is_block_device(path) {
         let size = fs::block_device_size(path).map_err(|e| internal("reading device size", &e))?;
         return Ok(csi::NodeGetVolumeStatsResponse {
             usage: vec![usage(Unit::Bytes, size, 0, 0)],
-            volume_condition: condition(false, "block device is mapped"),
+            volume_condition: Some(condition(false, "block device is mapped")),
         });
     }
     match fs::usage(path) {
@@ -66,11 +69,14 @@ pub(super) fn volume_stats(
                 usage(Unit::Bytes, u.total_bytes, u.available_bytes, u.used_bytes),
                 usage(Unit::Inodes, u.total_inodes, u.free_inodes, u.used_inodes),
             ],
-            volume_condition: condition(false, "volume is mounted"),
+            volume_condition: Some(condition(false, "volume is mounted")),
         }),
         Err(e) => Ok(csi::NodeGetVolumeStatsResponse {
             usage: Vec::new(),
-            volume_condition: condition(true, format!("statfs {} failed: {e}", path.display())),
+            volume_condition: Some(condition(
+                true,
+                format!("statfs {} failed: {e}", path.display()),
+            )),
         }),
     }
 }
@@ -120,7 +126,7 @@ fn mapped_device(staging: Option<&Path>, volume_path: &Path) -> Result<MappedDev
 
 /// Grows what the node sees after the controller grew the image: the device (fuse-loop needs a
 /// nudge), then the filesystem (xfs online; ext4 online when the kernel allows, else a
-/// FAILED_PRECONDITION telling to re-stage, which grows it offline).
+/// `FAILED_PRECONDITION` telling to re-stage, which grows it offline).
 pub(super) async fn expand(
     node: &NodeService,
     req: csi::NodeExpandVolumeRequest,
