@@ -8,6 +8,9 @@ use kube::{Client, Config};
 use crate::cli::KubeArgs;
 use crate::throttle::ThrottleLayer;
 
+/// `User-Agent` of every API request.
+pub const USER_AGENT: &str = concat!("rbd-provisioner/", env!("CARGO_PKG_VERSION"));
+
 /// Builds the client the way the old provisioner did: kubeconfig if given, else in-cluster
 /// (falling back to $KUBECONFIG / ~/.kube/config outside a pod); --master overrides the URL.
 pub async fn client(args: &KubeArgs) -> anyhow::Result<Client> {
@@ -24,6 +27,11 @@ pub async fn client(args: &KubeArgs) -> anyhow::Result<Client> {
             .await
             .context("no --kubeconfig or --master and no in-cluster configuration")?,
     };
+    // Identifies our requests in API server audit logs and as the managedFields manager.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(USER_AGENT),
+    ));
     if let Some(master) = &args.master {
         config.cluster_url = master
             .parse()
