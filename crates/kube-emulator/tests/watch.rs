@@ -456,3 +456,23 @@ async fn slow_watcher_is_dropped_without_blocking_others() {
     assert!(ended, "overflowed watcher must be ended");
     assert!(lines.len() < total);
 }
+
+#[tokio::test]
+async fn table_watch_sends_one_row_tables_for_kubectl_get_watch() {
+    let emu = emu();
+    pvcs(&emu)
+        .create(&PostParams::default(), &pvc("a", Some("x"), "1Gi"))
+        .await
+        .unwrap();
+    let req = http::Request::get("/api/v1/namespaces/default/persistentvolumeclaims?watch=1&resourceVersion=0&timeoutSeconds=1")
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json")
+        .body(Body::empty())
+        .unwrap();
+    let mut body = emu.router().oneshot(req).await.unwrap().into_body();
+    let (lines, _) = read_lines(&mut body, 1, Duration::from_secs(2)).await;
+    assert_eq!(lines[0]["type"], "ADDED");
+    let table = &lines[0]["object"];
+    assert_eq!(table["kind"], "Table");
+    assert_eq!(table["rows"][0]["cells"][0], "a");
+    assert_eq!(table["rows"][0]["cells"][1], "Pending");
+}

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::read::{present, selectors};
-use super::{Ctx, error_response};
+use super::{Ctx, error_response, table};
 use crate::resources::ResourceInfo;
 use crate::selectors::FieldSelector;
 use crate::status::{ApiError, Cause};
@@ -87,6 +87,8 @@ struct StreamPlan {
     initial_end: bool,
     bookmarks: bool,
     timeout: Option<Duration>,
+    /// `Accept: ...;as=Table`: every event carries a one-row Table (`kubectl get -w`).
+    table: Option<crate::util::Query>,
 }
 
 async fn run_stream(plan: StreamPlan, out: mpsc::Sender<Result<Bytes, Infallible>>) {
@@ -97,6 +99,7 @@ async fn run_stream(plan: StreamPlan, out: mpsc::Sender<Result<Bytes, Infallible
         initial_end,
         bookmarks,
         timeout,
+        table: table_query,
     } = plan;
     let _guard = Unregister {
         store: store.clone(),
@@ -104,7 +107,20 @@ async fn run_stream(plan: StreamPlan, out: mpsc::Sender<Result<Bytes, Infallible
     };
     let mut rx = reg.rx;
     let mut last_rv = reg.rv;
-    let send = |item: &WatchItem| line(item.kind.as_str(), &present(res, &item.object));
+    let send = |item: &WatchItem| {
+        let shown = present(res, &item.object);
+        match &table_query {
+            Some(q) => {
+                let rv = shown
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+                line(item.kind.as_str(), &table::render(res, &[shown], rv, q))
+            }
+            None => line(item.kind.as_str(), &shown),
+        }
+    };
     let rv_of = |item: &WatchItem| {
         item.object
             .pointer("/metadata/resourceVersion")
@@ -248,6 +264,7 @@ pub(crate) async fn watch(ctx: Ctx) -> Result<Response, ApiError> {
         initial_end: send_initial,
         bookmarks: q.flag("allowWatchBookmarks"),
         timeout,
+        table: ctx.header("accept").contains("as=Table").then(|| q.clone()),
     };
     tokio::spawn(run_stream(plan, tx));
     Ok(stream_response(rx))
