@@ -29,6 +29,17 @@ pub async fn connect() -> Arc<Cluster> {
         .unwrap()
 }
 
+/// A connection, the test pool, and a fresh image of `size` bytes named after `prefix`.
+pub async fn with_image(prefix: &str, size: u64) -> (Arc<Cluster>, String, String) {
+    let cluster = connect().await;
+    let (pool, name) = (pool_name(), unique(prefix));
+    cluster
+        .create_image(&pool, &name, size, &ceph_rbd::CreateOptions::default())
+        .await
+        .unwrap();
+    (cluster, pool, name)
+}
+
 /// A name unique to this test run.
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};

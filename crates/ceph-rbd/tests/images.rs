@@ -94,13 +94,7 @@ async fn refuses_invalid_feature_combinations_before_calling_ceph() {
 
 #[tokio::test]
 async fn create_of_an_existing_name_is_already_exists() {
-    let cluster = connect().await;
-    let pool = pool_name();
-    let name = unique("dup");
-    cluster
-        .create_image(&pool, &name, MIB, &CreateOptions::default())
-        .await
-        .unwrap();
+    let (cluster, pool, name) = with_image("dup", MIB).await;
     let e = cluster
         .create_image(&pool, &name, MIB, &CreateOptions::default())
         .await
@@ -142,13 +136,7 @@ async fn missing_images_and_pools_are_not_found() {
 
 #[tokio::test]
 async fn remove_of_a_watched_image_is_refused_naming_the_watcher() {
-    let cluster = connect().await;
-    let pool = pool_name();
-    let name = unique("watched");
-    cluster
-        .create_image(&pool, &name, MIB, &CreateOptions::default())
-        .await
-        .unwrap();
+    let (cluster, pool, name) = with_image("watched", MIB).await;
     let guard = micro_ceph::ImageHolder::open(micro_ceph::cluster(), &pool, &name).unwrap();
     let watchers = cluster.watchers(&pool, &name).await.unwrap();
     assert!(
@@ -212,13 +200,7 @@ async fn resize_grows_and_shrinks_only_when_allowed() {
 
 #[tokio::test]
 async fn metadata_round_trips() {
-    let cluster = connect().await;
-    let pool = pool_name();
-    let name = unique("meta");
-    cluster
-        .create_image(&pool, &name, MIB, &CreateOptions::default())
-        .await
-        .unwrap();
+    let (cluster, pool, name) = with_image("meta", MIB).await;
     assert_eq!(
         cluster
             .metadata_get(&pool, &name, "owner.pv")
@@ -327,13 +309,7 @@ async fn snapshots_clones_and_flatten() {
 
 #[tokio::test]
 async fn trash_move_list_restore_and_remove() {
-    let cluster = connect().await;
-    let pool = pool_name();
-    let name = unique("trash");
-    cluster
-        .create_image(&pool, &name, MIB, &CreateOptions::default())
-        .await
-        .unwrap();
+    let (cluster, pool, name) = with_image("trash", MIB).await;
     cluster
         .trash_move(&pool, &name, Duration::ZERO)
         .await
