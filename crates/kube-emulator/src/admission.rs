@@ -186,6 +186,7 @@ pub(crate) fn carry_immutable_metadata(old: &Value, new: &mut Value) {
             "namespace",
             "name",
             "generateName",
+            "managedFields",
         ] {
             match old_meta.get(f) {
                 Some(v) => {
@@ -196,7 +197,6 @@ pub(crate) fn carry_immutable_metadata(old: &Value, new: &mut Value) {
                 }
             }
         }
-        meta.remove("managedFields");
         meta.remove("selfLink");
     }
 }

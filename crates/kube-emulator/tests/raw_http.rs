@@ -593,3 +593,33 @@ async fn exact_list_rebuilds_the_snapshot_at_that_resource_version() {
         "list items carry no kind"
     );
 }
+
+#[tokio::test]
+async fn server_side_apply_conflict_matches_the_recording() {
+    let emu = emu();
+    create_pvc(&emu, "pvc-patch-types").await;
+    let (method, path, ct, body) = step_request("07-errors-concurrency.json", 24);
+    let first = raw(&emu, &method, &path, ct.as_deref(), &body).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert_eq!(first.body["metadata"]["labels"]["owner"], "a");
+    assert_eq!(
+        first.body["metadata"]["managedFields"][0]["manager"],
+        "manager-a"
+    );
+    let rv = first.body["metadata"]["resourceVersion"].clone();
+    // Re-applying the same configuration is a no-op.
+    let again = raw(&emu, &method, &path, ct.as_deref(), &body).await;
+    assert_eq!(again.body["metadata"]["resourceVersion"], rv);
+    replay_status(&emu, "07-errors-concurrency.json", 25).await;
+    let (method, path, ct, body) = step_request("07-errors-concurrency.json", 25);
+    let forced = raw(
+        &emu,
+        &method,
+        &format!("{path}&force=true"),
+        ct.as_deref(),
+        &body,
+    )
+    .await;
+    assert_eq!(forced.status, 200, "{}", forced.text);
+    assert_eq!(forced.body["metadata"]["labels"]["owner"], "b");
+}

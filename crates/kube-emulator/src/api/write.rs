@@ -8,6 +8,7 @@ use super::{Ctx, Target, json_response};
 use crate::admission;
 use crate::patch::{self, PatchKind};
 use crate::schema;
+use crate::ssa;
 use crate::status::{ApiError, Cause};
 use crate::store::{Action, Origin, StoreView, Written};
 use crate::util::{self, generate_name, now_time};
@@ -70,7 +71,12 @@ fn settle_namespace(t: &Target, obj: &mut Value) -> Result<(), ApiError> {
 }
 
 /// Creates `body` (already parsed) at the target; used by POST and by apply-creates.
-fn create_object(ctx: &Ctx, body: Value, url_name: Option<&str>) -> Result<Response, ApiError> {
+fn create_object(
+    ctx: &Ctx,
+    body: Value,
+    url_name: Option<&str>,
+    managed_fields: Option<Value>,
+) -> Result<Response, ApiError> {
     let t = &ctx.target;
     let decoded = schema::decode(t.res, body, strict(ctx))?;
     let mut warnings = unknown_warnings(ctx, &decoded.unknown);
@@ -87,6 +93,10 @@ fn create_object(ctx: &Ctx, body: Value, url_name: Option<&str>) -> Result<Respo
     for _ in 0..attempts {
         let mut candidate = obj.clone();
         prepare_new_metadata(&mut candidate, url_name);
+        if let (Some(mf), Some(meta)) = (&managed_fields, util::obj_mut(&mut candidate, "metadata"))
+        {
+            meta.insert("managedFields".into(), mf.clone());
+        }
         let key = (
             util::ns_of(&candidate).to_string(),
             util::name_of(&candidate).to_string(),
@@ -130,7 +140,7 @@ fn create_object(ctx: &Ctx, body: Value, url_name: Option<&str>) -> Result<Respo
 
 pub(crate) fn create(ctx: &Ctx) -> Result<Response, ApiError> {
     let body = parse_body(ctx)?;
-    create_object(ctx, body, None)
+    create_object(ctx, body, None, None)
 }
 
 /// Options for composing an update from a new object.
@@ -315,6 +325,8 @@ pub(crate) fn patch(ctx: &Ctx) -> Result<Response, ApiError> {
         .with_group("meta.k8s.io"));
     }
     let key = key_of(t);
+    let manager = ctx.query.get("fieldManager").unwrap_or_default();
+    let force = ctx.query.flag("force");
     if kind == PatchKind::Apply
         && t.subresource.is_none()
         && ctx
@@ -323,7 +335,15 @@ pub(crate) fn patch(ctx: &Ctx) -> Result<Response, ApiError> {
             .get(t.res.storage, &key.0, &key.1)
             .is_none()
     {
-        return create_object(ctx, patch_body, Some(&key.1));
+        let mf = ssa::apply_ownership(
+            None,
+            &patch_body,
+            manager,
+            force,
+            &t.res.api_version(),
+            &now_time(),
+        )?;
+        return create_object(ctx, patch_body, Some(&key.1), Some(mf));
     }
     let opts = UpdateOpts {
         target: t,
@@ -338,6 +358,18 @@ pub(crate) fn patch(ctx: &Ctx) -> Result<Response, ApiError> {
             .store
             .write(t.res.storage, &key, Origin::Client, |view, existing| {
                 let old = existing.ok_or_else(|| ApiError::not_found(t.res, &key.1))?;
+                let managed = if kind == PatchKind::Apply {
+                    Some(ssa::apply_ownership(
+                        Some(old),
+                        &patch_body,
+                        manager,
+                        force,
+                        &t.res.api_version(),
+                        &now_time(),
+                    )?)
+                } else {
+                    None
+                };
                 let mut doc = present(t.res, old);
                 apply_patch(kind, &mut doc, &patch_body)?;
                 let decoded = schema::decode(t.res, doc, strict)?;
@@ -348,7 +380,16 @@ pub(crate) fn patch(ctx: &Ctx) -> Result<Response, ApiError> {
                     .collect();
                 let mut obj = decoded.object;
                 check_url_identity(t, &mut obj)?;
-                compose_update(&opts, view, old, to_storage(t.res, obj), &mut dry)
+                let action = compose_update(&opts, view, old, to_storage(t.res, obj), &mut dry)?;
+                Ok(match (action, managed) {
+                    (Action::Put(mut next), Some(mf)) => {
+                        if let Some(meta) = util::obj_mut(&mut next, "metadata") {
+                            meta.insert("managedFields".into(), mf);
+                        }
+                        Action::Put(next)
+                    }
+                    (action, _) => action,
+                })
             })?;
     written_response(t, &written, dry, &warnings)
 }
