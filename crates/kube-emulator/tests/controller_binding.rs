@@ -284,3 +284,64 @@ async fn pvc_protection_waits_for_pods_using_the_claim_and_is_readded_if_dropped
     })
     .await;
 }
+
+#[tokio::test]
+async fn available_volume_is_statically_bound_to_a_matching_claim() {
+    let env = env().await;
+    let static_pv = |name: &str, size: &str| -> PersistentVolume {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": "rbd-immediate",
+                     "csi": {"driver": "rbd.example.com", "volumeHandle": name}}
+        }))
+        .unwrap()
+    };
+    env.pvs
+        .create(&PostParams::default(), &static_pv("big", "10Gi"))
+        .await
+        .unwrap();
+    env.pvs
+        .create(&PostParams::default(), &static_pv("fit", "2Gi"))
+        .await
+        .unwrap();
+    let claim = env
+        .pvcs
+        .create(
+            &PostParams::default(),
+            &pvc("static", Some("rbd-immediate"), "1Gi"),
+        )
+        .await
+        .unwrap();
+    let bound = eventually("claim bound", WAIT, || async {
+        let c = env.pvcs.get("static").await.unwrap();
+        (c.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(c)
+    })
+    .await;
+    assert_eq!(
+        bound.spec.as_ref().unwrap().volume_name.as_deref(),
+        Some("fit")
+    );
+    let ann = bound.metadata.annotations.unwrap();
+    assert_eq!(ann["pv.kubernetes.io/bound-by-controller"], "yes");
+    assert!(
+        !ann.contains_key("volume.kubernetes.io/storage-provisioner"),
+        "no provisioning for a matched claim"
+    );
+    let pv = env.pvs.get("fit").await.unwrap();
+    assert_eq!(
+        pv.metadata.annotations.unwrap()["pv.kubernetes.io/bound-by-controller"],
+        "yes"
+    );
+    assert_eq!(pv.spec.unwrap().claim_ref.unwrap().uid, claim.metadata.uid);
+    assert_eq!(
+        env.pvs
+            .get("big")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .phase
+            .as_deref(),
+        Some("Available")
+    );
+}

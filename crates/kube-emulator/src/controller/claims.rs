@@ -160,9 +160,12 @@ impl Controller {
                 Some(pv) => Some(pv),
                 None => self.store.list(PVS, None).0.into_iter().find(fits),
             };
-            match prebound {
-                Some(pv) => self.bind(claim, &pv, true),
-                None => self.provision(claim),
+            if let Some(pv) = prebound {
+                self.bind(claim, &pv, true);
+            } else if let Some(pv) = self.static_match(claim) {
+                self.bind(claim, &pv, true);
+            } else {
+                self.provision(claim);
             }
             return;
         }
@@ -173,6 +176,20 @@ impl Controller {
         if free || prebound_to(&pv, claim) {
             self.bind(claim, &pv, false);
         }
+    }
+
+    /// An unclaimed volume for `claim` (static binding). WaitForFirstConsumer claims are left to
+    /// the scheduler, which the emulator does not have.
+    fn static_match(&self, claim: &Arc<Value>) -> Option<Arc<Value>> {
+        let class = str_at(claim, "/spec/storageClassName").unwrap_or_default();
+        let delayed = self
+            .store
+            .get("storageclasses", "", class)
+            .is_some_and(|sc| str_at(&sc, "/volumeBindingMode") == Some("WaitForFirstConsumer"));
+        if delayed {
+            return None;
+        }
+        super::matching::best_static_match(claim, self.store.list(PVS, None).0)
     }
 
     /// Binds `claim` and `pv`; `chosen_by_controller` when the claim had no `volumeName`.

@@ -10,6 +10,7 @@
 //! cache, so they do not count as updates).
 
 mod claims;
+mod matching;
 mod recorder;
 mod volumes;
 
