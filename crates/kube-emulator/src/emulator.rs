@@ -198,3 +198,23 @@ impl Default for Emulator {
         Emulator::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync + Clone + 'static>() {}
+
+    #[test]
+    fn emulator_is_shareable_across_tasks() {
+        assert_send_sync::<Emulator>();
+    }
+
+    #[tokio::test]
+    async fn default_namespaces_exist_at_start() {
+        let emu = Emulator::new();
+        for ns in ["default", "kube-system", "kube-node-lease"] {
+            assert!(emu.inner.shared.store.get("namespaces", "", ns).is_some(), "{ns}");
+        }
+    }
+}
