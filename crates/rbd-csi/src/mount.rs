@@ -224,6 +224,24 @@ pub fn unmount(target: &Path) -> io::Result<bool> {
     }
 }
 
+/// Lazily detaches the mount at `target` (`MNT_DETACH`), for a mount whose server is gone.
+///
+/// # Errors
+/// The `umount2(2)` error other than "not mounted".
+pub fn unmount_detach(target: &Path) -> io::Result<()> {
+    let path = cstring(target)?;
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOENT) => Ok(()),
+        _ => Err(err),
+    }
+}
+
 /// Unmounts everything stacked at `target` (a mount point can hold several mounts).
 ///
 /// # Errors

@@ -81,7 +81,18 @@ impl FuseLoopMapper {
     ) -> Result<PathBuf, MapError> {
         let mnt = dir.join("mnt");
         if is_fuse_mount(&mnt)? {
-            return Ok(mnt);
+            match std::fs::metadata(&mnt) {
+                Ok(_) => return Ok(mnt),
+                Err(e) => {
+                    // The rbd-fuse process died ("transport endpoint is not connected"): detach
+                    // the dead mount and start a fresh instance in its place. Loop devices still
+                    // on the dead mount then show their file as `/<image>`; unmap knows that.
+                    tracing::warn!(mount_point = %mnt.display(), error = %e, "rbd-fuse mount is dead; restarting it");
+                    children.remove(&mnt);
+                    mount::unmount_detach(&mnt)
+                        .map_err(|e| MapError::io("detaching dead mount", mnt.display(), e))?;
+                }
+            }
         }
         private_dir(dir).map_err(|e| MapError::io("creating", dir.display(), e))?;
         std::fs::create_dir_all(&mnt).map_err(|e| MapError::io("creating", mnt.display(), e))?;
@@ -257,9 +268,11 @@ impl Mapper for FuseLoopMapper {
         };
         let mut children = self.children.lock().await;
         // Detach only if the loop device still serves our file (its number may have been reused).
-        if backing_file(&mapped.device).as_deref() == Some(fuse.image_file.as_path()) {
+        if let Some(backing) = backing_file(&mapped.device)
+            && serves_image(&backing, fuse)
+        {
             exec::run("losetup", &["-d", &mapped.device.to_string_lossy()]).await?;
-            wait_detached(&mapped.device, &fuse.image_file).await?;
+            wait_detached(&mapped.device, &backing).await?;
         }
         if loop_devices_under(&fuse.mount_point).is_empty() {
             self.teardown_instance(&mut children, fuse).await?;
@@ -288,6 +301,17 @@ impl Mapper for FuseLoopMapper {
         exec::run("losetup", &["-c", &mapped.device.to_string_lossy()]).await?;
         Ok(())
     }
+}
+
+/// Whether a loop device backed by `backing` serves the attachment's image: the image file, or
+/// `/<image>`, which is how the kernel shows the file once the dead rbd-fuse mount it lived on
+/// was detached (see `ensure_instance`).
+fn serves_image(backing: &Path, fuse: &FuseAttachment) -> bool {
+    backing == fuse.image_file
+        || fuse
+            .image_file
+            .file_name()
+            .is_some_and(|name| backing == Path::new("/").join(name))
 }
 
 /// Stable id of the rbd-fuse instance for (monitors, pool, user).
