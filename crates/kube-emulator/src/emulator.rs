@@ -23,6 +23,23 @@ pub(crate) struct Shared {
     pub store: Arc<Store>,
     pub faults: Faults,
     counts: Mutex<HashMap<(String, String), u64>>,
+    /// Every request, when recording is on (see [`EmulatorBuilder::record_requests`]).
+    log: Option<Mutex<Vec<RequestRecord>>>,
+}
+
+/// One API request, as RBAC sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RequestRecord {
+    /// The client's `User-Agent` header (empty when it sent none).
+    pub user_agent: String,
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`.
+    pub verb: String,
+    /// API group (`""` for core).
+    pub group: String,
+    /// Plural resource, with `/subresource` when addressed.
+    pub resource: String,
+    /// Namespace of a namespaced request.
+    pub namespace: Option<String>,
 }
 
 impl Shared {
@@ -30,6 +47,16 @@ impl Shared {
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         *c.entry((verb.to_string(), resource.to_string()))
             .or_insert(0) += 1;
+    }
+
+    pub(crate) fn recording(&self) -> bool {
+        self.log.is_some()
+    }
+
+    pub(crate) fn record(&self, request: RequestRecord) {
+        if let Some(log) = &self.log {
+            log.lock().unwrap_or_else(|e| e.into_inner()).push(request);
+        }
     }
 }
 
@@ -64,6 +91,7 @@ pub struct EmulatorBuilder {
     pv_controller: bool,
     watch_history: usize,
     resync_period: Duration,
+    record_requests: bool,
 }
 
 impl Default for EmulatorBuilder {
@@ -72,6 +100,7 @@ impl Default for EmulatorBuilder {
             pv_controller: true,
             watch_history: DEFAULT_WATCH_HISTORY,
             resync_period: Duration::from_secs(15),
+            record_requests: false,
         }
     }
 }
@@ -96,6 +125,14 @@ impl EmulatorBuilder {
         self
     }
 
+    /// Keeps a log of every request (user agent, verb, group, resource, namespace), read with
+    /// [`Emulator::requests`]; for RBAC coverage checks. Default: off (the log grows without
+    /// bound).
+    pub fn record_requests(mut self, on: bool) -> Self {
+        self.record_requests = on;
+        self
+    }
+
     /// Builds the emulator. Must be called inside a tokio runtime when the controller is on.
     pub fn build(self) -> Emulator {
         let store = Arc::new(Store::new(self.watch_history, WATCH_QUEUE));
@@ -110,6 +147,7 @@ impl EmulatorBuilder {
             faults: Faults::new(store.clone()),
             store,
             counts: Mutex::new(HashMap::new()),
+            log: self.record_requests.then(|| Mutex::new(Vec::new())),
         });
         Emulator {
             inner: Arc::new(Inner { shared, controller }),
@@ -187,6 +225,17 @@ impl Emulator {
             .sum()
     }
 
+    /// The requests served so far, in order (empty unless built with
+    /// [`EmulatorBuilder::record_requests`]).
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.inner
+            .shared
+            .log
+            .as_ref()
+            .map(|log| log.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .unwrap_or_default()
+    }
+
     /// The number of open watch streams (for tests).
     pub fn open_watches(&self) -> usize {
         self.inner.shared.store.watcher_count()
@@ -214,7 +263,10 @@ mod tests {
     async fn default_namespaces_exist_at_start() {
         let emu = Emulator::new();
         for ns in ["default", "kube-system", "kube-node-lease"] {
-            assert!(emu.inner.shared.store.get("namespaces", "", ns).is_some(), "{ns}");
+            assert!(
+                emu.inner.shared.store.get("namespaces", "", ns).is_some(),
+                "{ns}"
+            );
         }
     }
 }

@@ -32,6 +32,6 @@ mod store;
 mod util;
 mod validation;
 
-pub use emulator::{DEFAULT_WATCH_HISTORY, Emulator, EmulatorBuilder};
+pub use emulator::{DEFAULT_WATCH_HISTORY, Emulator, EmulatorBuilder, RequestRecord};
 pub use faults::Faults;
 pub use server::ServerHandle;

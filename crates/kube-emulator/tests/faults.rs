@@ -152,3 +152,33 @@ async fn faults_can_be_injected_over_http() {
     assert_eq!(post(json!({"action": "clear"})).await.status, 200);
     assert_eq!(post(json!({"action": "explode"})).await.status, 400);
 }
+
+#[tokio::test]
+async fn recorded_requests_carry_the_user_agent_verb_and_resource() {
+    use k8s_openapi::api::core::v1::Secret;
+    let emu = kube_emulator::Emulator::builder()
+        .record_requests(true)
+        .build();
+    let server = emu.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let mut config = kube::Config::new(server.url().parse().unwrap());
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static("recorder-test/1"),
+    ));
+    let client = kube::Client::try_from(config).unwrap();
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(client, "kube-system");
+    assert!(secrets.get_opt("nope").await.unwrap().is_none());
+    let log = emu.requests();
+    assert!(
+        log.contains(&kube_emulator::RequestRecord {
+            user_agent: "recorder-test/1".into(),
+            verb: "get".into(),
+            group: String::new(),
+            resource: "secrets".into(),
+            namespace: Some("kube-system".into()),
+        }),
+        "{log:?}"
+    );
+    // off by default
+    assert!(kube_emulator::Emulator::new().requests().is_empty());
+}

@@ -189,6 +189,20 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         None => target.res.plural.to_string(),
     };
     shared.count(verb, &resource);
+    if shared.recording() {
+        shared.record(crate::emulator::RequestRecord {
+            user_agent: parts
+                .headers
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string(),
+            verb: verb.to_string(),
+            group: target.res.group.to_string(),
+            resource: resource.clone(),
+            namespace: target.namespace.clone(),
+        });
+    }
     let verdict = shared.faults.take(verb, &resource);
     if let Some(d) = verdict.delay {
         tokio::time::sleep(d).await;
