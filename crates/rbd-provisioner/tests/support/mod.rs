@@ -87,8 +87,12 @@ fn unsafe_term(pid: u32) {
 
 impl Harness {
     pub async fn start() -> Harness {
+        Harness::start_on(Emulator::new()).await
+    }
+
+    /// A harness on a given emulator (e.g. one that records requests).
+    pub async fn start_on(emu: Emulator) -> Harness {
         let ceph = micro_ceph::cluster();
-        let emu = Emulator::new();
         let server = emu.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
