@@ -1,0 +1,293 @@
+//! `rbd-bench`: end-to-end provisioning benchmark.
+//!
+//! Starts a private micro-ceph cluster, then per run a fresh `kube-emulator` process and the real
+//! `rbd-provisioner` binary (leader election on), creates N PVCs at once, measures until all are
+//! Bound and until all are deleted again (PV gone, image gone), and samples the provisioner's
+//! peak RSS and CPU from `/proc`. Runs our default settings and the incumbent's settings
+//! (4 workers, API qps 5 / burst 10, retries 15 s .. 1000 s) applied to the same binary.
+//!
+//! `cargo run --release -p rbd-bench -- --claims 100,1000,5000 [--profile both] [--out FILE]`
+
+mod cluster;
+mod procs;
+mod report;
+mod run;
+mod tracker;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use serde_json::json;
+
+use crate::cluster::Env;
+use crate::report::RunResult;
+use crate::run::Plan;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Profile {
+    Incumbent,
+    Ours,
+    Both,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rbd-bench",
+    about = "End-to-end provisioning benchmark (micro-ceph + kube-emulator + rbd-provisioner)"
+)]
+struct Args {
+    /// Claim counts, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
+    claims: Vec<usize>,
+    /// Which settings to run the provisioner with.
+    #[arg(long, value_enum, default_value = "both")]
+    profile: Profile,
+    /// JSON output (default: target/bench/provisioning.json next to the build).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Requested size of each claim (images are thin).
+    #[arg(long, default_value = "1Mi")]
+    size: String,
+    /// Concurrent create/delete requests from the benchmark's client.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Time limit per phase (bind, delete) for our settings, seconds.
+    #[arg(long, default_value_t = 300)]
+    time_limit: u64,
+    /// Time limit per phase for the incumbent's settings, seconds (their runs are capped).
+    #[arg(long, default_value_t = 120)]
+    incumbent_time_limit: u64,
+    /// Largest N run with the incumbent's settings (larger N are skipped).
+    #[arg(long, default_value_t = 1000)]
+    incumbent_max_claims: usize,
+    /// Idle window after the burst for the idle-CPU figure, seconds.
+    #[arg(long, default_value_t = 5)]
+    idle_secs: u64,
+    /// Do not run `cargo build` for rbd-provisioner and kube-emulator first.
+    #[arg(long)]
+    no_build: bool,
+    /// Run `cargo bench -p ceph-rbd --bench ops` first (else its last JSON is read).
+    #[arg(long)]
+    ceph_bench: bool,
+}
+
+/// The incumbent's (`ceph.com/rbd` external provisioner) defaults, applied to our binary.
+const INCUMBENT_ARGS: &[&str] = &[
+    "--workers",
+    "4",
+    "--kube-api-qps",
+    "5",
+    "--kube-api-burst",
+    "10",
+    "--retry-interval-start",
+    "15s",
+    "--retry-interval-max",
+    "1000s",
+];
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rbd-bench: installing the SIGTERM handler: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    // Dropping the benchmark future on a signal stops everything it started (Drop guards).
+    let result = tokio::select! {
+        r = bench(args) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = term.recv() => Err(anyhow::anyhow!("terminated")),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rbd-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let bins = procs::binaries(args.no_build)?;
+    let bench_dir = bins
+        .parent()
+        .map_or_else(|| PathBuf::from("target"), Path::to_path_buf)
+        .join("bench");
+    std::fs::create_dir_all(&bench_dir)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| bench_dir.join("provisioning.json"));
+    if args.ceph_bench {
+        run_ceph_bench()?;
+    }
+    let work = WorkDir::create()?;
+    eprintln!("logs in {}", work.0.display());
+
+    eprintln!("starting micro-ceph");
+    let ceph =
+        tokio::task::block_in_place(micro_ceph::MicroCeph::start).context("starting micro-ceph")?;
+
+    let mut plans = Vec::new();
+    if args.profile != Profile::Incumbent {
+        for &n in &args.claims {
+            plans.push(("ours", n, args.time_limit));
+        }
+    }
+    if args.profile != Profile::Ours {
+        for &n in &args.claims {
+            if n <= args.incumbent_max_claims {
+                plans.push(("incumbent", n, args.incumbent_time_limit));
+            } else {
+                eprintln!(
+                    "skipping incumbent settings at N={n} (> --incumbent-max-claims {})",
+                    args.incumbent_max_claims
+                );
+            }
+        }
+    }
+
+    let mut runs: Vec<RunResult> = Vec::new();
+    for (i, (profile, n, limit)) in plans.into_iter().enumerate() {
+        let extra: Vec<String> = if profile == "incumbent" {
+            INCUMBENT_ARGS.iter().map(|s| (*s).to_string()).collect()
+        } else {
+            Vec::new()
+        };
+        let tag = format!("{i}-{profile}-{n}");
+        eprintln!("run {tag}: starting emulator and provisioner");
+        let mut env = Env::start(&bins, &work.0, &tag, &ceph, &extra).await?;
+        let plan = Plan {
+            profile,
+            claims: n,
+            size: args.size.clone(),
+            concurrency: args.concurrency,
+            time_limit: Duration::from_secs(limit),
+            idle: Duration::from_secs(args.idle_secs),
+        };
+        eprintln!("run {tag}: {n} claims");
+        let result = run::measure(&mut env, &ceph, &plan)
+            .await
+            .with_context(|| format!("run {tag} (logs in {})", work.0.display()))?;
+        drop(env);
+        eprintln!(
+            "run {tag}: {}/{n} bound in {:.2} s, {} deleted in {:.2} s, peak RSS {:.1} MiB",
+            result.bound,
+            result.bind_time_s,
+            result.deleted,
+            result.delete_time_s,
+            result.peak_rss_mib
+        );
+        runs.push(result);
+    }
+    drop(ceph);
+
+    let ratios = report::ratios(&runs);
+    let checks = report::checks(&runs, &ratios);
+    let ceph_ratio = report::read_ceph_ratio(&bench_dir.join("ceph-rbd-ops.json"));
+
+    println!("\n{}", report::table(&runs));
+    for (n, r) in &ratios {
+        println!("bind throughput ours / incumbent settings at N={n}: {r:.1}x");
+    }
+    for r in runs.iter().filter(|r| !r.complete) {
+        println!(
+            "note: {} N={} was capped at {:.0} s per phase: {} of {} bound, {} deleted, {} images left; its throughput is the rate within the cap",
+            r.profile, r.claims, r.time_limit_s, r.bound, r.claims, r.deleted, r.images_left
+        );
+    }
+    match &ceph_ratio {
+        Some(c) => {
+            let ops: Vec<String> = c
+                .ops
+                .iter()
+                .map(|(op, r)| format!("{op} {r:.1}x"))
+                .collect();
+            println!(
+                "ceph-rbd librbd vs CLI (p50, {}): {}",
+                c.source,
+                ops.join(", ")
+            );
+        }
+        None => println!(
+            "ceph-rbd librbd vs CLI: no {} (run `cargo bench -p ceph-rbd --bench ops` or pass --ceph-bench)",
+            bench_dir.join("ceph-rbd-ops.json").display()
+        ),
+    }
+    println!("\ntargets:\n{}", report::checks_text(&checks));
+
+    let doc = json!({
+        "machine": machine(),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "size": args.size,
+        "concurrency": args.concurrency,
+        "incumbent_args": INCUMBENT_ARGS,
+        "runs": runs,
+        "bind_throughput_ratio": ratios.iter().map(|(n, r)| json!({"claims": n, "ratio": r})).collect::<Vec<_>>(),
+        "targets": checks,
+        "ceph_rbd_librbd_vs_cli": ceph_ratio,
+    });
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("wrote {}", out.display());
+    work.remove();
+    Ok(())
+}
+
+/// Logs and kubeconfigs of the runs; removed after a successful benchmark, kept on failure.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn create() -> anyhow::Result<WorkDir> {
+        let dir = std::env::temp_dir().join(format!("rbd-bench.{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(WorkDir(dir))
+    }
+
+    fn remove(self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run_ceph_bench() -> anyhow::Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .current_dir(procs::workspace_root())
+        .args(["bench", "-p", "ceph-rbd", "--bench", "ops"])
+        .status()
+        .context("running cargo bench -p ceph-rbd")?;
+    anyhow::ensure!(status.success(), "cargo bench -p ceph-rbd failed: {status}");
+    Ok(())
+}
+
+fn machine() -> serde_json::Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string());
+    let mem_kib = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    let os = read("/etc/os-release")
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim_matches('"').to_string());
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu_model": model,
+        "mem_gib": mem_kib.map(|k| k as f64 / 1024.0 / 1024.0),
+        "os": os,
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+    })
+}

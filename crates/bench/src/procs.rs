@@ -1,0 +1,201 @@
+//! The processes the benchmark starts (kube-emulator, rbd-provisioner), always stopped, and their
+//! resource figures read from `/proc`.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// Where the workspace lives (for `cargo build` and the default output path).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The directory holding `rbd-provisioner` and `kube-emulator`: next to this executable
+/// (`target/release` under `cargo run --release`). Builds them there first unless `no_build`
+/// (cargo does nothing when they are up to date).
+pub fn binaries(no_build: bool) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the rbd-bench executable")?;
+    let dir = exe
+        .parent()
+        .context("the rbd-bench executable has no parent directory")?
+        .to_path_buf();
+    if !no_build {
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(workspace_root()).args([
+            "build",
+            "-p",
+            "rbd-provisioner",
+            "-p",
+            "kube-emulator",
+        ]);
+        if release {
+            cmd.arg("--release");
+        }
+        eprintln!(
+            "building rbd-provisioner and kube-emulator ({})",
+            dir.display()
+        );
+        let status = cmd.status().context("running cargo build")?;
+        if !status.success() {
+            bail!("cargo build of rbd-provisioner and kube-emulator failed: {status}");
+        }
+    }
+    for bin in ["rbd-provisioner", "kube-emulator"] {
+        if !dir.join(bin).is_file() {
+            bail!(
+                "{} not found; run `cargo build --release -p rbd-provisioner -p kube-emulator`",
+                dir.join(bin).display()
+            );
+        }
+    }
+    Ok(dir)
+}
+
+/// A child process stopped on drop: SIGTERM, then SIGKILL after 5 s. It also gets SIGKILL from
+/// the kernel if the benchmark dies without running destructors (`PR_SET_PDEATHSIG`).
+pub struct Proc {
+    name: &'static str,
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Spawns `program ARGS` with stdout and stderr to `log`. Call it from the main thread: the
+    /// death signal follows the spawning thread.
+    pub fn spawn(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        log: PathBuf,
+    ) -> anyhow::Result<Proc> {
+        let file = std::fs::File::create(&log)
+            .with_context(|| format!("creating log file {}", log.display()))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_remove("RUST_LOG")
+            .env_remove("PROVISIONER_NAME")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        // SAFETY: prctl(2) is async-signal-safe and the closure touches no shared state.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        Ok(Proc { name, child, log })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Fails when the process has already exited (with the tail of its log).
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited early ({status}); log {}:\n{}",
+                self.name,
+                self.log.display(),
+                log_tail(&self.log, 30)
+            );
+        }
+        Ok(())
+    }
+
+    /// Graceful stop (SIGTERM), SIGKILL when it does not exit within `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child's pid; no memory is involved.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        let end = Instant::now() + grace;
+        while Instant::now() < end {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// The last `lines` lines of a log file.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Resource figures of a process at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sample {
+    /// utime + stime, seconds.
+    pub cpu_secs: f64,
+    /// VmRSS, bytes.
+    pub rss: u64,
+    /// VmHWM (peak RSS since start), bytes.
+    pub peak_rss: u64,
+}
+
+/// Reads `/proc/PID/stat` and `/proc/PID/status`.
+pub fn sample(pid: u32) -> anyhow::Result<Sample> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // fields after the command name (which may contain spaces) start at field 3 (state)
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed /proc/PID/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<u64> {
+        fields
+            .get(i)
+            .context("short /proc/PID/stat")?
+            .parse::<u64>()
+            .context("parsing /proc/PID/stat")
+    };
+    // utime is field 14, stime field 15 (1-based) -> index 11 and 12 after the state field
+    let cpu_ticks = ticks(11)? + ticks(12)?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as f64 } else { 100.0 };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let kib = |key: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    Ok(Sample {
+        cpu_secs: cpu_ticks as f64 / hz,
+        rss: kib("VmRSS:"),
+        peak_rss: kib("VmHWM:"),
+    })
+}

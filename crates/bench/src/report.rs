@@ -1,0 +1,249 @@
+//! Figures of the runs: the JSON shape, the stdout table, the target checks and the ceph-rbd ratio.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// p50/p95/p99/max of per-claim latencies, seconds (nearest rank).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50_s: f64,
+    pub p95_s: f64,
+    pub p99_s: f64,
+    pub max_s: f64,
+}
+
+impl Percentiles {
+    pub fn of(mut v: Vec<Duration>) -> Percentiles {
+        if v.is_empty() {
+            return Percentiles::default();
+        }
+        v.sort_unstable();
+        let at = |p: f64| {
+            let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+            v[rank - 1].as_secs_f64()
+        };
+        Percentiles {
+            count: v.len(),
+            p50_s: at(0.50),
+            p95_s: at(0.95),
+            p99_s: at(0.99),
+            max_s: at(1.0),
+        }
+    }
+}
+
+/// One profile x N run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub profile: String,
+    pub claims: usize,
+    pub time_limit_s: f64,
+    /// All claims bound, all PVs deleted and all images gone within the time limits.
+    pub complete: bool,
+    /// Provisioner process start until it held the lease.
+    pub startup_s: f64,
+    /// Time the benchmark took to send all create requests.
+    pub create_requests_s: f64,
+    pub bound: usize,
+    /// First create request until the last claim was Bound (or the time limit).
+    pub bind_time_s: f64,
+    /// Claims bound per second over `bind_time_s`.
+    pub bind_throughput: f64,
+    /// Per claim: create request sent until the claim was seen Bound.
+    pub bind_latency: Percentiles,
+    pub deleted: usize,
+    /// First delete request until the last PV was gone (or the time limit).
+    pub delete_time_s: f64,
+    pub delete_throughput: f64,
+    /// Per claim: delete request sent until its PV was gone (the image is removed before the PV).
+    pub delete_latency: Percentiles,
+    pub images_created: usize,
+    /// Images of this run still in the pool after deletion (`rbd ls`).
+    pub images_left: usize,
+    /// Provisioner VmHWM once all claims were bound (all PVs cached).
+    pub peak_rss_bound_mib: f64,
+    pub rss_idle_mib: f64,
+    /// Provisioner VmHWM at the end of the run.
+    pub peak_rss_mib: f64,
+    pub cpu_bind_s: f64,
+    /// Provisioner CPU (fraction of one core) in the idle window after the burst.
+    pub idle_cpu_fraction: f64,
+    pub cpu_delete_s: f64,
+    /// Provisioner utime+stime since its start.
+    pub cpu_total_s: f64,
+    pub emulator_cpu_s: f64,
+    pub emulator_peak_rss_mib: f64,
+}
+
+/// The ceph-rbd bench file's figures (`target/bench/ceph-rbd-ops.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CephRatio {
+    pub source: String,
+    pub ops: Vec<(String, f64)>,
+}
+
+pub fn read_ceph_ratio(path: &Path) -> Option<CephRatio> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let ops = v["ops"]
+        .as_array()?
+        .iter()
+        .filter_map(|o| Some((o["op"].as_str()?.to_string(), o["ratio_p50"].as_f64()?)))
+        .collect();
+    Some(CephRatio {
+        source: path.display().to_string(),
+        ops,
+    })
+}
+
+/// A target and whether it was met.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub target: String,
+    pub measured: String,
+    pub met: bool,
+    /// How far off, when missed.
+    pub gap: Option<String>,
+}
+
+fn check_max(target: &str, measured: f64, limit: f64, unit: &str) -> Check {
+    let met = measured <= limit;
+    Check {
+        target: target.into(),
+        measured: format!("{measured:.2} {unit}"),
+        met,
+        gap: (!met).then(|| {
+            format!(
+                "{:.2} {unit} over ({:.0}% above)",
+                measured - limit,
+                (measured / limit - 1.0) * 100.0
+            )
+        }),
+    }
+}
+
+/// The targets against the runs that exist.
+pub fn checks(runs: &[RunResult], ratios: &[(usize, f64)]) -> Vec<Check> {
+    let ours = |n: usize| runs.iter().find(|r| r.profile == "ours" && r.claims == n);
+    let mut out = Vec::new();
+    if let Some(r) = ours(1000) {
+        let bind = if r.bound == r.claims {
+            r.bind_time_s
+        } else {
+            f64::INFINITY
+        };
+        out.push(check_max("1000 PVCs to Bound <= 10 s", bind, 10.0, "s"));
+        out.push(check_max(
+            "bind p99 <= 3 s (N=1000)",
+            r.bind_latency.p99_s,
+            3.0,
+            "s",
+        ));
+        let del = if r.deleted == r.bound && r.images_left == 0 {
+            r.delete_time_s
+        } else {
+            f64::INFINITY
+        };
+        out.push(check_max("1000 deletions <= 10 s", del, 10.0, "s"));
+    }
+    let biggest = runs
+        .iter()
+        .filter(|r| r.profile == "ours")
+        .max_by_key(|r| r.claims);
+    if let Some(r) = biggest {
+        out.push(check_max(
+            &format!("peak RSS <= 40 MiB with {} PVs cached", r.bound),
+            r.peak_rss_bound_mib,
+            40.0,
+            "MiB",
+        ));
+        out.push(check_max(
+            &format!("idle CPU ~0 (<= 1% of a core, N={})", r.claims),
+            r.idle_cpu_fraction * 100.0,
+            1.0,
+            "%",
+        ));
+    }
+    for (n, ratio) in ratios {
+        let met = *ratio >= 10.0;
+        out.push(Check {
+            target: format!("throughput >= 10x incumbent settings (N={n})"),
+            measured: format!("{ratio:.1}x"),
+            met,
+            gap: (!met).then(|| format!("{:.1}x short", 10.0 - ratio)),
+        });
+    }
+    out
+}
+
+/// Bind throughput ratio ours / incumbent for each N both profiles ran.
+pub fn ratios(runs: &[RunResult]) -> Vec<(usize, f64)> {
+    runs.iter()
+        .filter(|r| r.profile == "ours")
+        .filter_map(|o| {
+            let i = runs
+                .iter()
+                .find(|r| r.profile == "incumbent" && r.claims == o.claims)?;
+            (i.bind_throughput > 0.0).then(|| (o.claims, o.bind_throughput / i.bind_throughput))
+        })
+        .collect()
+}
+
+/// The stdout table (markdown, so it can go into BENCHMARKS.md as is).
+pub fn table(runs: &[RunResult]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| profile | N | bound | to Bound | PVC/s | bind p50 / p95 / p99 | deleted | delete all | del/s | delete p50 / p95 / p99 | images left | peak RSS (bound / end) | CPU bind / delete | idle CPU | emulator CPU |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in runs {
+        let capped = if r.complete { "" } else { " (capped)" };
+        let _ = writeln!(
+            s,
+            "| {}{capped} | {} | {} | {:.2} s | {:.1} | {:.2} / {:.2} / {:.2} s | {} | {:.2} s | {:.1} | {:.2} / {:.2} / {:.2} s | {} | {:.1} / {:.1} MiB | {:.2} / {:.2} s | {:.2}% | {:.2} s |",
+            r.profile,
+            r.claims,
+            r.bound,
+            r.bind_time_s,
+            r.bind_throughput,
+            r.bind_latency.p50_s,
+            r.bind_latency.p95_s,
+            r.bind_latency.p99_s,
+            r.deleted,
+            r.delete_time_s,
+            r.delete_throughput,
+            r.delete_latency.p50_s,
+            r.delete_latency.p95_s,
+            r.delete_latency.p99_s,
+            r.images_left,
+            r.peak_rss_bound_mib,
+            r.peak_rss_mib,
+            r.cpu_bind_s,
+            r.cpu_delete_s,
+            r.idle_cpu_fraction * 100.0,
+            r.emulator_cpu_s,
+        );
+    }
+    s
+}
+
+pub fn checks_text(checks: &[Check]) -> String {
+    let mut s = String::new();
+    for c in checks {
+        let verdict = if c.met {
+            "met".to_string()
+        } else {
+            format!("MISSED by {}", c.gap.as_deref().unwrap_or("?"))
+        };
+        let _ = writeln!(s, "- {}: {} -> {verdict}", c.target, c.measured);
+    }
+    s
+}

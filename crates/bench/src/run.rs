@@ -1,0 +1,242 @@
+//! One measured run: N claims created at once, waited to Bound, an idle window, then all deleted
+//! and waited until their PVs and images are gone.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::json;
+
+use crate::cluster::{CLASS, Env, NAMESPACE};
+use crate::procs::{Sample, sample};
+use crate::report::{Percentiles, RunResult};
+use crate::tracker::Tracker;
+
+/// Knobs of a run.
+pub struct Plan {
+    pub profile: &'static str,
+    pub claims: usize,
+    pub size: String,
+    pub concurrency: usize,
+    /// Per phase (bind, delete).
+    pub time_limit: Duration,
+    pub idle: Duration,
+}
+
+pub async fn measure(
+    env: &mut Env,
+    ceph: &micro_ceph::MicroCeph,
+    plan: &Plan,
+) -> anyhow::Result<RunResult> {
+    let tracker = Tracker::start(&env.client);
+    let sync_end = Instant::now() + Duration::from_secs(30);
+    while !tracker.synced() {
+        anyhow::ensure!(
+            Instant::now() < sync_end,
+            "the watches did not sync within 30 s"
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(100), tracker.changed()).await;
+    }
+    let pid = env.provisioner.pid();
+    let emu_pid = env.emulator.pid();
+    let before = sample(pid)?;
+    let emu_before = sample(emu_pid)?;
+    let names: Vec<String> = (0..plan.claims).map(|i| format!("bench-{i:05}")).collect();
+
+    // ---- create all claims at once and wait for Bound
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), NAMESPACE);
+    let t0 = Instant::now();
+    let create_all = futures::stream::iter(names.iter().map(|name| {
+        let claims = claims.clone();
+        let tracker = &tracker;
+        let size = plan.size.clone();
+        async move {
+            let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": {
+                    "storageClassName": CLASS,
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": size}},
+                }
+            }))?;
+            tracker.lock().created.insert(name.clone(), Instant::now());
+            claims
+                .create(&PostParams::default(), &claim)
+                .await
+                .with_context(|| format!("creating claim {name}"))?;
+            anyhow::Ok(())
+        }
+    }))
+    .buffer_unordered(plan.concurrency)
+    .try_collect::<()>();
+    let created = async {
+        create_all.await?;
+        anyhow::Ok(t0.elapsed())
+    };
+    let all_bound = wait_until(&tracker, env, t0 + plan.time_limit, |s| {
+        s.bound.len() >= plan.claims
+    });
+    let (create_time, bind_complete) = tokio::try_join!(created, all_bound)?;
+    let bind_elapsed = t0.elapsed();
+    let after_bind = sample(pid)?;
+
+    let (bound, bind_lat, last_bound) = {
+        let s = tracker.lock();
+        let lat: Vec<Duration> = s
+            .bound
+            .iter()
+            .filter_map(|(n, b)| Some(b.saturating_duration_since(*s.created.get(n)?)))
+            .collect();
+        let last = s
+            .bound
+            .values()
+            .max()
+            .map(|b| b.saturating_duration_since(t0));
+        (s.bound.len(), lat, last)
+    };
+    let bind_time = if bind_complete {
+        last_bound.unwrap_or(bind_elapsed)
+    } else {
+        bind_elapsed
+    };
+
+    // ---- idle window with everything cached
+    tokio::time::sleep(plan.idle).await;
+    let after_idle = sample(pid)?;
+
+    // ---- delete all claims at once; wait until their PVs are gone, then check the images
+    let bound_claims: Vec<String> = tracker.lock().bound.keys().cloned().collect();
+    let t1 = Instant::now();
+    futures::stream::iter(names.iter().map(|name| {
+        let claims = claims.clone();
+        let tracker = &tracker;
+        async move {
+            tracker
+                .lock()
+                .delete_sent
+                .insert(name.clone(), Instant::now());
+            match claims.delete(name, &DeleteParams::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                Err(e) => Err(e).with_context(|| format!("deleting claim {name}")),
+            }
+        }
+    }))
+    .buffer_unordered(plan.concurrency)
+    .try_collect::<()>()
+    .await?;
+    let volumes: Vec<String> = {
+        let s = tracker.lock();
+        bound_claims
+            .iter()
+            .filter_map(|c| s.volume_of.get(c).cloned())
+            .collect()
+    };
+    let deadline = t1 + plan.time_limit;
+    let all_gone = wait_until(&tracker, env, deadline, |s| {
+        volumes.iter().all(|v| s.pv_gone.contains_key(v))
+    })
+    .await?;
+    let (deleted, del_lat, last_gone, images) = {
+        let s = tracker.lock();
+        let mut lat = Vec::new();
+        let mut last = None::<Duration>;
+        for c in &bound_claims {
+            let (Some(v), Some(sent)) = (s.volume_of.get(c), s.delete_sent.get(c)) else {
+                continue;
+            };
+            if let Some(gone) = s.pv_gone.get(v) {
+                lat.push(gone.saturating_duration_since(*sent));
+                let at = gone.saturating_duration_since(t1);
+                last = Some(last.map_or(at, |l| l.max(at)));
+            }
+        }
+        let images: HashSet<String> = volumes
+            .iter()
+            .filter_map(|v| s.image_of.get(v).cloned())
+            .collect();
+        (lat.len(), lat, last, images)
+    };
+    let delete_time = if all_gone {
+        last_gone.unwrap_or_else(|| t1.elapsed())
+    } else {
+        t1.elapsed()
+    };
+    let after_delete = sample(pid)?;
+    let emu_after = sample(emu_pid)?;
+    // confirm in Ceph (one `rbd ls`, repeated each second only while images remain)
+    let mut images_left = count_left(ceph, &images)?;
+    while images_left > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        images_left = count_left(ceph, &images)?;
+    }
+
+    Ok(RunResult {
+        profile: plan.profile.to_string(),
+        claims: plan.claims,
+        time_limit_s: plan.time_limit.as_secs_f64(),
+        complete: bind_complete && all_gone && images_left == 0,
+        startup_s: env.startup.as_secs_f64(),
+        create_requests_s: create_time.as_secs_f64(),
+        bound,
+        bind_time_s: bind_time.as_secs_f64(),
+        bind_throughput: bound as f64 / bind_time.as_secs_f64().max(1e-9),
+        bind_latency: Percentiles::of(bind_lat),
+        deleted,
+        delete_time_s: delete_time.as_secs_f64(),
+        delete_throughput: deleted as f64 / delete_time.as_secs_f64().max(1e-9),
+        delete_latency: Percentiles::of(del_lat),
+        images_created: images.len(),
+        images_left,
+        peak_rss_bound_mib: mib(after_bind.peak_rss),
+        rss_idle_mib: mib(after_idle.rss),
+        peak_rss_mib: mib(after_delete.peak_rss),
+        cpu_bind_s: cpu(before, after_bind),
+        idle_cpu_fraction: cpu(after_bind, after_idle) / plan.idle.as_secs_f64().max(1e-9),
+        cpu_delete_s: cpu(after_idle, after_delete),
+        cpu_total_s: after_delete.cpu_secs,
+        emulator_cpu_s: cpu(emu_before, emu_after),
+        emulator_peak_rss_mib: mib(emu_after.peak_rss),
+    })
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn cpu(a: Sample, b: Sample) -> f64 {
+    (b.cpu_secs - a.cpu_secs).max(0.0)
+}
+
+/// Waits until `done` holds (true) or `deadline` passes (false); fails if a process died.
+async fn wait_until(
+    tracker: &Tracker,
+    env: &mut Env,
+    deadline: Instant,
+    done: impl Fn(&crate::tracker::Seen) -> bool,
+) -> anyhow::Result<bool> {
+    loop {
+        if done(&tracker.lock()) {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        env.provisioner.check_alive()?;
+        env.emulator.check_alive()?;
+        let wait = (deadline - now).min(Duration::from_millis(500));
+        let _ = tokio::time::timeout(wait, tracker.changed()).await;
+    }
+}
+
+fn count_left(ceph: &micro_ceph::MicroCeph, ours: &HashSet<String>) -> anyhow::Result<usize> {
+    let pool = ceph.pool.clone();
+    let out = tokio::task::block_in_place(|| ceph.rbd(&["ls", &pool]))
+        .context("listing images with rbd ls")?;
+    Ok(out.lines().filter(|l| ours.contains(l.trim())).count())
+}
