@@ -489,7 +489,7 @@ impl Process {
 
 impl Harness {
     /// Like [`Harness::start`], on a cluster of the caller's (e.g. a private one for outages).
-    pub async fn start_on(ceph: &'static micro_ceph::MicroCeph) -> Harness {
+    pub async fn start_on_cluster(ceph: &'static micro_ceph::MicroCeph) -> Harness {
         let emu = Emulator::new();
         let server = emu.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
