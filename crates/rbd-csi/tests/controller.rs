@@ -1,83 +1,14 @@
 //! The Controller service over a real unix socket against a private Ceph cluster: create/delete/
-//! expand with the spec's idempotency and error codes, capabilities, capacity, owner metadata,
-//! and a created volume staged by the node service.
+//! expand with the spec's idempotency and error codes, capabilities, capacity, owner metadata.
 
 mod common;
 
 use std::collections::HashMap;
 
-use common::{
-    TestServer, block_cap, fuse_processes_under, loops_under, mount_cap, mounts_under, strings,
-};
+use common::controller::{MIB, create_request, image_size, params, remove_image, secrets, server};
+use common::{block_cap, mount_cap, strings};
 use rbd_csi::proto::csi;
-use rbd_csi::{ProbeCluster, Services};
 use tonic::Code;
-
-const MIB: i64 = 1 << 20;
-
-async fn server() -> TestServer {
-    let cluster = micro_ceph::cluster();
-    TestServer::start(Services::All, |c| {
-        c.probe = Some(ProbeCluster {
-            monitors: cluster.monitors.clone(),
-            user: "admin".into(),
-            key: cluster.admin_key.clone(),
-        });
-    })
-    .await
-}
-
-fn secrets() -> HashMap<String, String> {
-    strings(&[
-        ("userID", "admin"),
-        ("userKey", &micro_ceph::cluster().admin_key),
-    ])
-}
-
-fn params() -> HashMap<String, String> {
-    let cluster = micro_ceph::cluster();
-    strings(&[
-        ("monitors", &cluster.monitors),
-        ("pool", &cluster.pool),
-        ("mounter", "fuse"),
-        ("csi.storage.k8s.io/fstype", "ext4"),
-        ("csi.storage.k8s.io/pvc/name", "data"),
-        ("csi.storage.k8s.io/pvc/namespace", "apps"),
-    ])
-}
-
-fn create_request(name: &str, required: i64) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: (required > 0).then_some(csi::CapacityRange {
-            required_bytes: required,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount_cap("ext4")],
-        parameters: params(),
-        secrets: secrets(),
-        ..Default::default()
-    }
-}
-
-fn image_size(image: &str) -> Option<u64> {
-    let cluster = micro_ceph::cluster();
-    let out = cluster
-        .rbd(&[
-            "info",
-            "--format",
-            "json",
-            &format!("{}/{image}", cluster.pool),
-        ])
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v["size"].as_u64()
-}
-
-fn remove_image(image: &str) {
-    let cluster = micro_ceph::cluster();
-    let _ = cluster.rbd(&["rm", "--no-progress", &format!("{}/{image}", cluster.pool)]);
-}
 
 #[tokio::test]
 async fn create_is_idempotent_and_records_the_owner() {
@@ -423,88 +354,4 @@ async fn validate_capabilities_capacity_and_controller_capabilities() {
     })
     .await
     .unwrap();
-}
-
-#[tokio::test]
-async fn probe_reports_ceph_reachability() {
-    let ready = server()
-        .await
-        .identity()
-        .await
-        .probe(csi::ProbeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(ready.ready, Some(true));
-    // A cluster that does not answer: not ready (no hang: bounded by the probe's timeouts).
-    let unreachable = TestServer::start(Services::Controller, |c| {
-        c.probe = Some(ProbeCluster {
-            monitors: "127.0.0.1:1".into(),
-            user: "admin".into(),
-            key: micro_ceph::cluster().admin_key.clone(),
-        });
-    })
-    .await;
-    let probe = unreachable
-        .identity()
-        .await
-        .probe(csi::ProbeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(probe.ready, Some(false));
-}
-
-#[tokio::test]
-async fn created_volume_stages_on_the_node_and_delete_refuses_while_mapped() {
-    let server = server().await;
-    let mut ctl = server.controller().await;
-    let mut node = server.node().await;
-    remove_image("pvc-ctl-e2e");
-    let vol = ctl
-        .create_volume(create_request("pvc-ctl-e2e", 16 * MIB))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let staging = server.dir.path().join("e2e/globalmount");
-    node.node_stage_volume(csi::NodeStageVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(mount_cap("ext4")),
-        secrets: secrets(),
-        volume_context: vol.volume_context.clone(),
-        publish_context: HashMap::new(),
-    })
-    .await
-    .unwrap();
-    std::fs::write(staging.join("f"), "x").unwrap();
-
-    let err = ctl
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            secrets: secrets(),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("watcher"), "{}", err.message());
-
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
-    assert!(mounts_under(server.dir.path()).is_empty());
-    assert!(loops_under(server.dir.path()).is_empty());
-    assert!(fuse_processes_under(server.dir.path()).is_empty());
-    ctl.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: vol.volume_id,
-        secrets: secrets(),
-    })
-    .await
-    .unwrap();
-    assert_eq!(image_size("pvc-ctl-e2e"), None);
 }

@@ -6,114 +6,12 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
 
-use common::{
-    TestImage, TestServer, block_cap, fuse_processes_under, loops_under, mount_cap, mounts_under,
-};
+use common::volume::{Volume, assert_nothing_left, bytes_usage};
+use common::{TestImage, TestServer, block_cap, mount_cap};
 use rbd_csi::Services;
-use rbd_csi::proto::csi::{self, node_client::NodeClient, volume_usage::Unit};
+use rbd_csi::proto::csi::{self, volume_usage::Unit};
 use sha2::{Digest, Sha256};
-use tonic::transport::Channel;
-
-struct Volume<'a> {
-    node: NodeClient<Channel>,
-    image: &'a TestImage,
-    cap: csi::VolumeCapability,
-    staging: PathBuf,
-    target: PathBuf,
-}
-
-impl<'a> Volume<'a> {
-    async fn new(server: &TestServer, image: &'a TestImage, cap: csi::VolumeCapability) -> Self {
-        let root = server.dir.path().join(&image.name);
-        Self {
-            node: server.node().await,
-            image,
-            cap,
-            staging: root.join("globalmount"),
-            target: root.join("pod").join("mount"),
-        }
-    }
-
-    async fn stage(&mut self) -> Result<(), tonic::Status> {
-        self.node
-            .node_stage_volume(csi::NodeStageVolumeRequest {
-                volume_id: self.image.volume_id(),
-                staging_target_path: self.staging.display().to_string(),
-                volume_capability: Some(self.cap.clone()),
-                secrets: self.image.secrets(),
-                volume_context: self.image.context(),
-                publish_context: HashMap::new(),
-            })
-            .await
-            .map(drop)
-    }
-
-    async fn publish(&mut self, readonly: bool) -> Result<(), tonic::Status> {
-        self.node
-            .node_publish_volume(csi::NodePublishVolumeRequest {
-                volume_id: self.image.volume_id(),
-                staging_target_path: self.staging.display().to_string(),
-                target_path: self.target.display().to_string(),
-                volume_capability: Some(self.cap.clone()),
-                readonly,
-                secrets: HashMap::new(),
-                volume_context: self.image.context(),
-                publish_context: HashMap::new(),
-            })
-            .await
-            .map(drop)
-    }
-
-    async fn unpublish(&mut self) -> Result<(), tonic::Status> {
-        self.node
-            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                volume_id: self.image.volume_id(),
-                target_path: self.target.display().to_string(),
-            })
-            .await
-            .map(drop)
-    }
-
-    async fn unstage(&mut self) -> Result<(), tonic::Status> {
-        self.node
-            .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                volume_id: self.image.volume_id(),
-                staging_target_path: self.staging.display().to_string(),
-            })
-            .await
-            .map(drop)
-    }
-
-    async fn stats(&mut self) -> Result<csi::NodeGetVolumeStatsResponse, tonic::Status> {
-        self.node
-            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-                volume_id: self.image.volume_id(),
-                volume_path: self.target.display().to_string(),
-                staging_target_path: self.staging.display().to_string(),
-            })
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn expand(&mut self, bytes: i64) -> Result<i64, tonic::Status> {
-        self.node
-            .node_expand_volume(csi::NodeExpandVolumeRequest {
-                volume_id: self.image.volume_id(),
-                volume_path: self.target.display().to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: bytes,
-                    limit_bytes: 0,
-                }),
-                staging_target_path: self.staging.display().to_string(),
-                volume_capability: Some(self.cap.clone()),
-                secrets: HashMap::new(),
-            })
-            .await
-            .map(|r| r.into_inner().capacity_bytes)
-    }
-}
 
 fn random_bytes(len: usize, seed: u8) -> Vec<u8> {
     // A cheap deterministic pseudo-random pattern (xorshift), distinct per seed.
@@ -130,47 +28,6 @@ fn random_bytes(len: usize, seed: u8) -> Vec<u8> {
 
 fn sha(bytes: &[u8]) -> Vec<u8> {
     Sha256::digest(bytes).to_vec()
-}
-
-fn assert_nothing_left(server: &TestServer) {
-    let dir = server.dir.path();
-    assert_eq!(mounts_under(dir), Vec::<PathBuf>::new(), "mounts left");
-    assert_eq!(loops_under(dir), Vec::<PathBuf>::new(), "loop devices left");
-    assert_eq!(
-        fuse_processes_under(dir),
-        Vec::<String>::new(),
-        "rbd-fuse processes left"
-    );
-    let key_files: Vec<_> = walk(&server.config.runtime_dir)
-        .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n == "keyring" || n == "ceph.conf")
-        })
-        .collect();
-    assert!(key_files.is_empty(), "key files left: {key_files:?}");
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.filter_map(Result::ok) {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            }
-            out.push(p);
-        }
-    }
-    out
-}
-
-fn bytes_usage(stats: &csi::NodeGetVolumeStatsResponse, unit: Unit) -> &csi::VolumeUsage {
-    stats
-        .usage
-        .iter()
-        .find(|u| u.unit == unit as i32)
-        .unwrap_or_else(|| panic!("no {unit:?} usage in {stats:?}"))
 }
 
 async fn filesystem_round_trip(fs_type: &str, image_name: &str, size_mib: u64) {
@@ -364,50 +221,6 @@ async fn ext4_grows_online_or_says_to_restage_and_grows_on_restage() {
 }
 
 #[tokio::test]
-async fn two_volumes_share_one_rbd_fuse_until_the_last_unstage() {
-    let server = TestServer::start(Services::Node, |_| {}).await;
-    let a = TestImage::create("csi-node-share-a", 32);
-    let b = TestImage::create("csi-node-share-b", 32);
-    let mut va = Volume::new(&server, &a, mount_cap("ext4")).await;
-    let mut vb = Volume::new(&server, &b, mount_cap("ext4")).await;
-    va.stage().await.unwrap();
-    vb.stage().await.unwrap();
-    assert_eq!(
-        fuse_processes_under(server.dir.path()).len(),
-        1,
-        "one rbd-fuse per pool+user"
-    );
-    assert_eq!(loops_under(server.dir.path()).len(), 2);
-    va.unstage().await.unwrap();
-    assert_eq!(
-        fuse_processes_under(server.dir.path()).len(),
-        1,
-        "still used by b"
-    );
-    assert!(rbd_csi::mount::is_mount_point(&vb.staging).unwrap());
-    std::fs::write(vb.staging.join("still-works"), "yes").unwrap();
-    vb.unstage().await.unwrap();
-    assert_nothing_left(&server);
-}
-
-#[tokio::test]
-async fn unstage_works_after_a_plugin_restart() {
-    let first = TestServer::start(Services::Node, |_| {}).await;
-    let image = TestImage::create("csi-node-restart", 32);
-    let mut vol = Volume::new(&first, &image, mount_cap("ext4")).await;
-    vol.stage().await.unwrap();
-    // A new plugin process (same runtime dir, no memory of the first) unstages from the record.
-    let config = first.config.clone();
-    let second = TestServer::start(Services::Node, |c| {
-        c.runtime_dir = config.runtime_dir.clone();
-    })
-    .await;
-    vol.node = second.node().await;
-    vol.unstage().await.unwrap();
-    assert_nothing_left(&first);
-}
-
-#[tokio::test]
 async fn staging_a_missing_image_is_not_found_and_leaves_nothing() {
     let server = TestServer::start(Services::Node, |_| {}).await;
     let image = TestImage::create("csi-node-missing", 8);
@@ -452,81 +265,4 @@ async fn provisioner_style_attributes_and_in_tree_secret_stage() {
     .await
     .unwrap();
     assert_nothing_left(&server);
-}
-
-#[tokio::test]
-async fn fuse_key_files_are_private_and_no_key_is_on_any_command_line() {
-    use std::os::unix::fs::PermissionsExt;
-    let server = TestServer::start(Services::Node, |_| {}).await;
-    let image = TestImage::create("csi-node-key-files", 16);
-    let mut vol = Volume::new(&server, &image, mount_cap("ext4")).await;
-    vol.stage().await.unwrap();
-
-    let instances: Vec<PathBuf> = std::fs::read_dir(server.config.runtime_dir.join("fuse"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(instances.len(), 1);
-    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(&instances[0]), 0o700);
-    assert_eq!(mode(&instances[0].join("keyring")), 0o600);
-    assert_eq!(mode(&instances[0].join("ceph.conf")), 0o600);
-
-    let key = micro_ceph::cluster().admin_key.clone();
-    for entry in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            let text = String::from_utf8_lossy(&cmdline);
-            assert!(
-                !text.contains(&key),
-                "key on a command line: {}",
-                entry.path().display()
-            );
-        }
-    }
-    vol.unstage().await.unwrap();
-    assert_nothing_left(&server);
-}
-
-#[tokio::test]
-async fn a_dead_rbd_fuse_is_replaced_on_the_next_stage() {
-    let server = TestServer::start(Services::Node, |_| {}).await;
-    let a = TestImage::create("csi-node-dead-fuse-a", 16);
-    let b = TestImage::create("csi-node-dead-fuse-b", 16);
-    let mut va = Volume::new(&server, &a, mount_cap("ext4")).await;
-    let mut vb = Volume::new(&server, &b, mount_cap("ext4")).await;
-    va.stage().await.unwrap();
-    let pids: Vec<i32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            let text = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            let dir = server.dir.path().display().to_string();
-            (text.contains("rbd-fuse") && text.contains(&dir))
-                .then(|| e.file_name().to_str()?.parse().ok())?
-        })
-        .collect();
-    assert_eq!(pids.len(), 1);
-    // SAFETY: plain kill(2) of the rbd-fuse child this test's server started.
-    assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !fuse_processes_under(server.dir.path()).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "rbd-fuse did not die");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    // B stages through a fresh rbd-fuse; A's broken staging still unstages cleanly.
-    vb.stage().await.unwrap();
-    std::fs::write(vb.staging.join("ok"), "ok").unwrap();
-    let loops_before = rbd_csi::mapper::fuse_loop::loop_devices().len();
-    va.unstage().await.unwrap();
-    assert_eq!(
-        rbd_csi::mapper::fuse_loop::loop_devices().len(),
-        loops_before - 1,
-        "A's loop device (on the detached dead mount) is released"
-    );
-    vb.unstage().await.unwrap();
-    assert_nothing_left(&server);
-    // The killed client's watch on A lingers until Ceph times it out (~30 s), and `rbd rm`
-    // would wait for that; the cluster is private to this test binary, so leave A in it.
-    std::mem::forget(a);
 }

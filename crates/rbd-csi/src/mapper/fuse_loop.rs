@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex, oneshot};
 
+use super::loop_device::{backing_file, loop_device_for, loop_devices_under, wait_detached};
 use super::secret_file::{private_dir, write_private};
 use super::{ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind, parse_device_output};
 use crate::{exec, mount};
@@ -380,63 +381,6 @@ fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(5)..].join(" | ")
-}
-
-/// The backing file of a loop device (`/dev/loopN`), if attached.
-#[must_use]
-pub fn backing_file(device: &Path) -> Option<PathBuf> {
-    let name = device.file_name()?.to_str()?;
-    let text = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
-    Some(PathBuf::from(text.trim_end_matches('\n')))
-}
-
-/// All attached loop devices with their backing files.
-#[must_use]
-pub fn loop_devices() -> Vec<(PathBuf, PathBuf)> {
-    let Ok(entries) = std::fs::read_dir("/sys/block") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let name = e.file_name().to_str()?.to_owned();
-            if !name.starts_with("loop") {
-                return None;
-            }
-            let device = PathBuf::from("/dev").join(&name);
-            Some((device.clone(), backing_file(&device)?))
-        })
-        .collect()
-}
-
-fn loop_device_for(file: &Path) -> Option<PathBuf> {
-    loop_devices()
-        .into_iter()
-        .find(|(_, backing)| backing == file)
-        .map(|(dev, _)| dev)
-}
-
-fn loop_devices_under(mnt: &Path) -> Vec<PathBuf> {
-    loop_devices()
-        .into_iter()
-        .filter(|(_, backing)| backing.starts_with(mnt))
-        .map(|(dev, _)| dev)
-        .collect()
-}
-
-async fn wait_detached(device: &Path, file: &Path) -> Result<(), MapError> {
-    let deadline = Instant::now() + FUSE_TIMEOUT;
-    while backing_file(device).as_deref() == Some(file) {
-        if Instant::now() > deadline {
-            return Err(MapError::Timeout(format!(
-                "loop device {} still attached to {} after losetup -d",
-                device.display(),
-                file.display()
-            )));
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    Ok(())
 }
 
 /// Whether an `rbd-fuse` process serving `mnt` still exists (zombies count as gone).

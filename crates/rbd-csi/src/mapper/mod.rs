@@ -15,6 +15,7 @@
 
 pub mod fuse_loop;
 pub mod krbd;
+pub mod loop_device;
 pub mod nbd;
 pub mod secret_file;
 

@@ -11,6 +11,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+pub mod controller;
+pub mod volume;
+
 use hyper_util::rt::TokioIo;
 use rbd_csi::proto::csi::{
     self, controller_client::ControllerClient, identity_client::IdentityClient,
@@ -175,7 +178,7 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 
 /// Loop devices whose backing file is under `dir`.
 pub fn loops_under(dir: &Path) -> Vec<PathBuf> {
-    rbd_csi::mapper::fuse_loop::loop_devices()
+    rbd_csi::mapper::loop_device::loop_devices()
         .into_iter()
         .filter(|(_, file)| file.starts_with(dir))
         .map(|(dev, _)| dev)

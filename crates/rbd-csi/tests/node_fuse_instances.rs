@@ -1,0 +1,132 @@
+//! rbd-fuse instance management through the node service, against a private Ceph cluster:
+//! one instance shared per pool and user, recovery after a plugin restart or a dead rbd-fuse, and
+//! private key files. Runs as root.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::volume::{Volume, assert_nothing_left};
+use common::{TestImage, TestServer, fuse_processes_under, loops_under, mount_cap};
+use rbd_csi::Services;
+
+#[tokio::test]
+async fn two_volumes_share_one_rbd_fuse_until_the_last_unstage() {
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let a = TestImage::create("csi-node-share-a", 32);
+    let b = TestImage::create("csi-node-share-b", 32);
+    let mut va = Volume::new(&server, &a, mount_cap("ext4")).await;
+    let mut vb = Volume::new(&server, &b, mount_cap("ext4")).await;
+    va.stage().await.unwrap();
+    vb.stage().await.unwrap();
+    assert_eq!(
+        fuse_processes_under(server.dir.path()).len(),
+        1,
+        "one rbd-fuse per pool+user"
+    );
+    assert_eq!(loops_under(server.dir.path()).len(), 2);
+    va.unstage().await.unwrap();
+    assert_eq!(
+        fuse_processes_under(server.dir.path()).len(),
+        1,
+        "still used by b"
+    );
+    assert!(rbd_csi::mount::is_mount_point(&vb.staging).unwrap());
+    std::fs::write(vb.staging.join("still-works"), "yes").unwrap();
+    vb.unstage().await.unwrap();
+    assert_nothing_left(&server);
+}
+
+#[tokio::test]
+async fn unstage_works_after_a_plugin_restart() {
+    let first = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-node-restart", 32);
+    let mut vol = Volume::new(&first, &image, mount_cap("ext4")).await;
+    vol.stage().await.unwrap();
+    // A new plugin process (same runtime dir, no memory of the first) unstages from the record.
+    let config = first.config.clone();
+    let second = TestServer::start(Services::Node, |c| {
+        c.runtime_dir = config.runtime_dir.clone();
+    })
+    .await;
+    vol.node = second.node().await;
+    vol.unstage().await.unwrap();
+    assert_nothing_left(&first);
+}
+
+#[tokio::test]
+async fn fuse_key_files_are_private_and_no_key_is_on_any_command_line() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-node-key-files", 16);
+    let mut vol = Volume::new(&server, &image, mount_cap("ext4")).await;
+    vol.stage().await.unwrap();
+
+    let instances: Vec<PathBuf> = std::fs::read_dir(server.config.runtime_dir.join("fuse"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(instances.len(), 1);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&instances[0]), 0o700);
+    assert_eq!(mode(&instances[0].join("keyring")), 0o600);
+    assert_eq!(mode(&instances[0].join("ceph.conf")), 0o600);
+
+    let key = micro_ceph::cluster().admin_key.clone();
+    for entry in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let text = String::from_utf8_lossy(&cmdline);
+            assert!(
+                !text.contains(&key),
+                "key on a command line: {}",
+                entry.path().display()
+            );
+        }
+    }
+    vol.unstage().await.unwrap();
+    assert_nothing_left(&server);
+}
+
+#[tokio::test]
+async fn a_dead_rbd_fuse_is_replaced_on_the_next_stage() {
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let a = TestImage::create("csi-node-dead-fuse-a", 16);
+    let b = TestImage::create("csi-node-dead-fuse-b", 16);
+    let mut va = Volume::new(&server, &a, mount_cap("ext4")).await;
+    let mut vb = Volume::new(&server, &b, mount_cap("ext4")).await;
+    va.stage().await.unwrap();
+    let pids: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let text = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            let dir = server.dir.path().display().to_string();
+            (text.contains("rbd-fuse") && text.contains(&dir))
+                .then(|| e.file_name().to_str()?.parse().ok())?
+        })
+        .collect();
+    assert_eq!(pids.len(), 1);
+    // SAFETY: plain kill(2) of the rbd-fuse child this test's server started.
+    assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !fuse_processes_under(server.dir.path()).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "rbd-fuse did not die");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // B stages through a fresh rbd-fuse; A's broken staging still unstages cleanly.
+    vb.stage().await.unwrap();
+    std::fs::write(vb.staging.join("ok"), "ok").unwrap();
+    let loops_before = rbd_csi::mapper::loop_device::loop_devices().len();
+    va.unstage().await.unwrap();
+    assert_eq!(
+        rbd_csi::mapper::loop_device::loop_devices().len(),
+        loops_before - 1,
+        "A's loop device (on the detached dead mount) is released"
+    );
+    vb.unstage().await.unwrap();
+    assert_nothing_left(&server);
+    // The killed client's watch on A lingers until Ceph times it out (~30 s), and `rbd rm`
+    // would wait for that; the cluster is private to this test binary, so leave A in it.
+    std::mem::forget(a);
+}
