@@ -87,12 +87,16 @@ fn unsafe_term(pid: u32) {
 
 impl Harness {
     pub async fn start() -> Harness {
-        Harness::start_on(Emulator::new()).await
+        Harness::start_with(Emulator::new(), micro_ceph::cluster()).await
     }
 
     /// A harness on a given emulator (e.g. one that records requests).
     pub async fn start_on(emu: Emulator) -> Harness {
-        let ceph = micro_ceph::cluster();
+        Harness::start_with(emu, micro_ceph::cluster()).await
+    }
+
+    /// A harness on a given emulator and cluster.
+    pub async fn start_with(emu: Emulator, ceph: &'static micro_ceph::MicroCeph) -> Harness {
         let server = emu.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
@@ -490,24 +494,7 @@ impl Process {
 impl Harness {
     /// Like [`Harness::start`], on a cluster of the caller's (e.g. a private one for outages).
     pub async fn start_on_cluster(ceph: &'static micro_ceph::MicroCeph) -> Harness {
-        let emu = Emulator::new();
-        let server = emu.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).unwrap();
-        let client = emu.client();
-        let h = Harness {
-            emu,
-            client,
-            kubeconfig,
-            ceph,
-            dir,
-            _server: server,
-        };
-        h.create_namespace(ADMIN_SECRET_NS).await;
-        h.create_secret(ADMIN_SECRET_NS, ADMIN_SECRET, &[("key", &ceph.admin_key)])
-            .await;
-        h
+        Harness::start_with(Emulator::new(), ceph).await
     }
 
     /// Creates the claims concurrently (8 requests in flight), as a `kubectl apply` of many would.
