@@ -34,6 +34,12 @@ pub struct Config {
     pub add_finalizer: bool,
     /// How long graceful shutdown waits for in-flight operations. Default 30 s.
     pub shutdown_grace_period: Duration,
+    /// Called with the name of each step the controller reaches, for fault-injection tests
+    /// (crash-consistency tests abort the process in it). Steps: `before-pv-save`,
+    /// `after-pv-save`, `before-pv-delete`, `after-pv-delete`, `before-pv-resize` (the backend
+    /// grew the volume, the PV is not updated yet), `after-pv-resize` (PV updated, claim status
+    /// not yet). Default: none.
+    pub step_hook: Option<fn(&str)>,
 }
 
 impl Config {
@@ -53,6 +59,14 @@ impl Config {
             volume_save_interval: Duration::from_secs(1),
             add_finalizer: false,
             shutdown_grace_period: Duration::from_secs(30),
+            step_hook: None,
+        }
+    }
+
+    /// Reports reaching `step` to the [`Config::step_hook`], if any.
+    pub(crate) fn step(&self, step: &str) {
+        if let Some(hook) = self.step_hook {
+            hook(step);
         }
     }
 
@@ -78,6 +92,19 @@ mod tests {
         assert_eq!(config.backoff.base_delay, Duration::from_secs(1));
         assert_eq!(config.backoff.max_delay, Duration::from_mins(5));
         assert_eq!(config.resync_period, Duration::from_mins(15));
+    }
+
+    #[test]
+    fn steps_reach_the_hook() {
+        static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        fn hook(step: &str) {
+            SEEN.lock().unwrap().push(step.to_owned());
+        }
+        let mut config = Config::new("a/b");
+        config.step("ignored without a hook");
+        config.step_hook = Some(hook);
+        config.step("before-pv-save");
+        assert_eq!(*SEEN.lock().unwrap(), vec!["before-pv-save".to_owned()]);
     }
 
     #[test]

@@ -10,6 +10,9 @@
 //! - `after-image-remove`: the image is gone, the PV (and its finalizer) still exist;
 //! - `after-image-resize`: the image is larger, the PV capacity is not updated yet.
 //!
+//! and the provisioning library's steps (`provisioner::Config::step_hook`): `before-pv-save`,
+//! `after-pv-save`, `before-pv-delete`, `after-pv-delete`, `before-pv-resize`, `after-pv-resize`.
+//!
 //! Unset or empty: every `hit` is a relaxed atomic load of an initialised `OnceLock`.
 
 use std::sync::OnceLock;

@@ -75,6 +75,7 @@ async fn delete(shared: &Shared, volume: &PersistentVolume, name: &str) -> Resul
             return Err(Retry);
         }
     }
+    shared.config.step("before-pv-delete");
     let api: Api<PersistentVolume> = Api::all(shared.client.clone());
     let params = DeleteParams {
         preconditions: volume.metadata.uid.clone().map(|uid| Preconditions {
@@ -91,6 +92,7 @@ async fn delete(shared: &Shared, volume: &PersistentVolume, name: &str) -> Resul
             return Err(Retry);
         }
     }
+    shared.config.step("after-pv-delete");
     shared.metrics.deleted(&class, started.elapsed());
     tracing::info!(volume = name, "deleted");
     if pv::has_finalizer(volume) {

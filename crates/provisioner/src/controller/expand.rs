@@ -107,11 +107,13 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
             return fail(shared, &claim, &class_name, &message);
         }
     };
+    shared.config.step("before-pv-resize");
     if let Err(error) = raise_volume_capacity(shared, &volume, outcome.capacity_bytes).await {
         let message =
             format!("updating the capacity of PersistentVolume {volume_name:?} failed: {error}");
         return fail(shared, &claim, &class_name, &message);
     }
+    shared.config.step("after-pv-resize");
     if let Err(error) = update_claim_status(shared, &claim, outcome).await {
         let message = format!("updating the status of the claim failed: {error}");
         return fail(shared, &claim, &class_name, &message);

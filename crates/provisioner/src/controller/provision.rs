@@ -181,8 +181,10 @@ async fn save_or_clean_up(
     started: Instant,
 ) -> Result<(), Retry> {
     let name = volume.name_any();
+    shared.config.step("before-pv-save");
     match save_volume(shared, volume).await {
         Ok(()) => {
+            shared.config.step("after-pv-save");
             shared.metrics.provisioned(labels, started.elapsed());
             tracing::info!(claim = %claim_key(claim), volume = %name, "provisioned");
             shared.event(
