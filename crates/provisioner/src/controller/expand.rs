@@ -119,22 +119,21 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
         return fail(shared, &claim, &class_name, &message);
     }
     shared.metrics.expanded(&class_name, started.elapsed());
-    if outcome.node_expansion_required {
-        shared.event(
-            &claim,
-            EventType::Normal,
+    report_success(shared, &claim, outcome);
+    Ok(())
+}
+
+/// The event ending a successful controller-side expansion.
+fn report_success(shared: &Shared, claim: &PersistentVolumeClaim, outcome: ExpandOutcome) {
+    let (reason, message) = if outcome.node_expansion_required {
+        (
             FILE_SYSTEM_RESIZE_REQUIRED,
             "Require file system resize of volume on node",
-        );
+        )
     } else {
-        shared.event(
-            &claim,
-            EventType::Normal,
-            VOLUME_RESIZE_SUCCESSFUL,
-            "Resize volume succeeded",
-        );
-    }
-    Ok(())
+        (VOLUME_RESIZE_SUCCESSFUL, "Resize volume succeeded")
+    };
+    shared.event(claim, EventType::Normal, reason, message);
 }
 
 async fn fresh(
