@@ -130,3 +130,67 @@ async fn a_dead_rbd_fuse_is_replaced_on_the_next_stage() {
     // would wait for that; the cluster is private to this test binary, so leave A in it.
     std::mem::forget(a);
 }
+
+async fn stage_with_key(server: &TestServer, name: &str, key: &str) -> tonic::Status {
+    let image = TestImage::create(name, 8);
+    let vol = Volume::new(server, &image, mount_cap("ext4")).await;
+    let mut secrets = image.secrets();
+    secrets.insert("userKey".into(), key.to_owned());
+    let started = std::time::Instant::now();
+    let err = vol
+        .node
+        .clone()
+        .node_stage_volume(rbd_csi::proto::csi::NodeStageVolumeRequest {
+            volume_id: image.volume_id(),
+            staging_target_path: vol.staging.display().to_string(),
+            volume_capability: Some(vol.cap.clone()),
+            secrets,
+            volume_context: image.context(),
+            publish_context: std::collections::HashMap::new(),
+        })
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < std::time::Duration::from_secs(40));
+    assert!(err.message().contains("rbd-fuse"), "{}", err.message());
+    assert!(
+        !err.message().contains(key),
+        "key quoted: {}",
+        err.message()
+    );
+    assert_nothing_left(server);
+    err
+}
+
+/// `key` with the characters in `range` changed (same length and alphabet).
+fn tamper(key: &str, range: std::ops::Range<usize>) -> String {
+    key.chars()
+        .enumerate()
+        .map(|(i, c)| match (range.contains(&i), c) {
+            (false, c) => c,
+            (true, 'A') => 'B',
+            (true, _) => 'A',
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_malformed_key_fails_the_stage_without_quoting_it() {
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let key = tamper(&micro_ceph::cluster().admin_key, 4..20);
+    let err = stage_with_key(&server, "csi-node-malformed-key", &key).await;
+    assert!(err.message().contains("keyring"), "{}", err.message());
+}
+
+#[tokio::test]
+async fn a_wrong_key_fails_the_stage_and_leaves_nothing() {
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    // The secret bytes changed, the header kept: a well-formed key Ceph refuses.
+    let key = micro_ceph::cluster().admin_key.clone();
+    let len = key.trim_end_matches('=').len();
+    stage_with_key(
+        &server,
+        "csi-node-wrong-key",
+        &tamper(&key, len - 8..len - 1),
+    )
+    .await;
+}

@@ -14,7 +14,7 @@
 //!
 //! **Guarantees**: the reference count is derived from the kernel's loop devices
 //! (`/sys/block/loop*/loop/backing_file`), not from memory, so it is right after a plugin restart.
-//! Instance management is serialised by one mutex (these calls take milliseconds).
+//! Calls on one instance are serialised by its own lock; other instances are not blocked.
 //!
 //! **Caveats**: `rbd-fuse` caches an image's size when it opens it, so after a resize
 //! [`Mapper::refresh_size`] truncates the image file up to the new size (rbd-fuse turns that into
@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -32,7 +33,9 @@ use tokio::sync::{Mutex, oneshot};
 
 use super::loop_device::{backing_file, loop_device_for, loop_devices_under, wait_detached};
 use super::secret_file::{private_dir, write_private};
-use super::{ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind, parse_device_output};
+use super::{
+    ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind, parse_device_output, redact,
+};
 use crate::{exec, mount};
 
 /// How long to wait for an `rbd-fuse` mount to appear or a process to exit.
@@ -50,12 +53,20 @@ pub struct FuseAttachment {
     pub image_file: PathBuf,
 }
 
+/// What this process knows about one rbd-fuse instance it started.
+#[derive(Debug, Default)]
+struct Instance {
+    /// Fires when the `rbd-fuse` child exits (after its mount goes away).
+    exited: Option<oneshot::Receiver<()>>,
+}
+
 /// The fuse-loop mapper.
 #[derive(Debug)]
 pub struct FuseLoopMapper {
     fuse_dir: PathBuf,
-    /// Exit notifications of the `rbd-fuse` children this process started, by mount point.
-    children: Mutex<HashMap<PathBuf, oneshot::Receiver<()>>>,
+    /// One lock per rbd-fuse instance (by instance directory): calls on one instance are
+    /// serialised, other instances (pools, users, clusters) proceed in parallel.
+    instances: std::sync::Mutex<HashMap<PathBuf, Arc<Mutex<Instance>>>>,
 }
 
 impl FuseLoopMapper {
@@ -64,8 +75,17 @@ impl FuseLoopMapper {
     pub fn new(runtime_dir: &Path) -> Self {
         Self {
             fuse_dir: runtime_dir.join("fuse"),
-            children: Mutex::new(HashMap::new()),
+            instances: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The lock of the instance in `dir`.
+    fn instance(&self, dir: &Path) -> Arc<Mutex<Instance>> {
+        let mut instances = self
+            .instances
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(instances.entry(dir.to_path_buf()).or_default())
     }
 
     fn instance_dir(&self, image: &ImageSpec) -> PathBuf {
@@ -75,7 +95,7 @@ impl FuseLoopMapper {
     /// Starts `rbd-fuse` for the instance unless it is already mounted.
     async fn ensure_instance(
         &self,
-        children: &mut HashMap<PathBuf, oneshot::Receiver<()>>,
+        instance: &mut Instance,
         dir: &Path,
         image: &ImageSpec,
         key: &Key,
@@ -89,7 +109,7 @@ impl FuseLoopMapper {
                     // the dead mount and start a fresh instance in its place. Loop devices still
                     // on the dead mount then show their file as `/<image>`; unmap knows that.
                     tracing::warn!(mount_point = %mnt.display(), error = %e, "rbd-fuse mount is dead; restarting it");
-                    children.remove(&mnt);
+                    instance.exited = None;
                     mount::unmount_detach(&mnt)
                         .map_err(|e| MapError::io("detaching dead mount", mnt.display(), e))?;
                 }
@@ -132,6 +152,7 @@ impl FuseLoopMapper {
                 break;
             }
             if let Ok(Some(status)) = child.try_wait() {
+                let stderr = redact(&log_tail(&log_path), key);
                 remove_instance_files(dir);
                 return Err(MapError::Exec(exec::ExecError::Failed {
                     command: exec::describe(
@@ -140,17 +161,17 @@ impl FuseLoopMapper {
                     ),
                     status: status.to_string(),
                     code: status.code(),
-                    stderr: log_tail(&log_path),
+                    stderr,
                 }));
             }
             if Instant::now() > deadline {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
+                let stderr = redact(&log_tail(&log_path), key);
                 remove_instance_files(dir);
                 return Err(MapError::Timeout(format!(
-                    "rbd-fuse for pool {} did not mount within {FUSE_TIMEOUT:?}: {}",
-                    image.pool,
-                    log_tail(&log_path)
+                    "rbd-fuse for pool {} did not mount within {FUSE_TIMEOUT:?}: {stderr}",
+                    image.pool
                 )));
             }
             tokio::time::sleep(POLL).await;
@@ -163,14 +184,14 @@ impl FuseLoopMapper {
             tracing::info!(mount_point = %reaped_mnt.display(), status = ?status.ok(), "rbd-fuse exited");
             let _ = tx.send(());
         });
-        children.insert(mnt.clone(), rx);
+        instance.exited = Some(rx);
         Ok(mnt)
     }
 
     /// Unmounts an instance no loop device uses any more, waits for its process, removes its files.
     async fn teardown_instance(
         &self,
-        children: &mut HashMap<PathBuf, oneshot::Receiver<()>>,
+        instance: &mut Instance,
         fuse: &FuseAttachment,
     ) -> Result<(), MapError> {
         let mnt = &fuse.mount_point;
@@ -185,7 +206,7 @@ impl FuseLoopMapper {
                 Err(e) => return Err(MapError::io("unmounting", mnt.display(), e)),
             }
         }
-        if let Some(exited) = children.remove(mnt) {
+        if let Some(exited) = instance.exited.take() {
             let left = deadline.saturating_duration_since(Instant::now());
             if tokio::time::timeout(left, exited).await.is_err() {
                 return Err(MapError::Timeout(format!(
@@ -217,10 +238,11 @@ impl Mapper for FuseLoopMapper {
     }
 
     async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError> {
-        let mut children = self.children.lock().await;
         let dir = self.instance_dir(image);
+        let slot = self.instance(&dir);
+        let mut instance = slot.lock().await;
         let mnt = self
-            .ensure_instance(&mut children, &dir, image, key)
+            .ensure_instance(&mut instance, &dir, image, key)
             .await?;
         let attachment = FuseAttachment {
             instance_dir: dir,
@@ -236,7 +258,7 @@ impl Mapper for FuseLoopMapper {
         }
         if !attachment.image_file.exists() {
             if loop_devices_under(&mnt).is_empty() {
-                self.teardown_instance(&mut children, &attachment).await?;
+                self.teardown_instance(&mut instance, &attachment).await?;
             }
             return Err(MapError::ImageNotFound {
                 pool: image.pool.clone(),
@@ -252,7 +274,7 @@ impl Mapper for FuseLoopMapper {
             }),
             Err(e) => {
                 if loop_devices_under(&mnt).is_empty() {
-                    let _ = self.teardown_instance(&mut children, &attachment).await;
+                    let _ = self.teardown_instance(&mut instance, &attachment).await;
                 }
                 Err(e.into())
             }
@@ -267,7 +289,8 @@ impl Mapper for FuseLoopMapper {
                 expected: MounterKind::FuseLoop,
             });
         };
-        let mut children = self.children.lock().await;
+        let slot = self.instance(&fuse.instance_dir);
+        let mut instance = slot.lock().await;
         // Detach only if the loop device still serves our file (its number may have been reused).
         if let Some(backing) = backing_file(&mapped.device)
             && serves_image(&backing, fuse)
@@ -276,7 +299,7 @@ impl Mapper for FuseLoopMapper {
             wait_detached(&mapped.device, &backing).await?;
         }
         if loop_devices_under(&fuse.mount_point).is_empty() {
-            self.teardown_instance(&mut children, fuse).await?;
+            self.teardown_instance(&mut instance, fuse).await?;
         }
         Ok(())
     }

@@ -189,6 +189,44 @@ pub trait Mapper: Send + Sync {
     }
 }
 
+/// `text` with the key (and any `val=...` Ceph prints when it cannot parse a keyring entry)
+/// replaced: Ceph's error messages may quote the keyring.
+pub(crate) fn redact(text: &str, key: &Key) -> String {
+    let text = if key.expose().is_empty() {
+        text.to_owned()
+    } else {
+        text.replace(key.expose(), "<redacted>")
+    };
+    text.split(' ')
+        .map(|word| {
+            if word.starts_with("val=") {
+                "val=<redacted>"
+            } else {
+                word
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// An [`ExecError`] with the key scrubbed from the helper's output.
+pub(crate) fn redact_exec(error: ExecError, key: &Key) -> MapError {
+    match error {
+        ExecError::Failed {
+            command,
+            status,
+            code,
+            stderr,
+        } => MapError::Exec(ExecError::Failed {
+            command,
+            status,
+            code,
+            stderr: redact(&stderr, key),
+        }),
+        other => MapError::Exec(other),
+    }
+}
+
 /// Parses the device path a `map` command printed.
 pub(crate) fn parse_device_output(
     program: &'static str,
@@ -215,6 +253,16 @@ mod tests {
         assert_eq!(MounterKind::parse("rbd-nbd"), Ok(MounterKind::Nbd));
         assert_eq!(MounterKind::parse("FUSE"), Ok(MounterKind::FuseLoop));
         assert!(MounterKind::parse("iscsi").unwrap_err().contains("iscsi"));
+    }
+
+    #[test]
+    fn errors_never_quote_the_key() {
+        let key = Key::new("AQBsecret==");
+        let text =
+            "error parsing keyring: type=key val=AQBsecretX==: Malformed | key AQBsecret== bad";
+        let clean = redact(text, &key);
+        assert!(!clean.contains("AQBsecret"), "{clean}");
+        assert!(clean.contains("Malformed"));
     }
 
     #[test]

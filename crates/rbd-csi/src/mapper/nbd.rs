@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use super::secret_file::SecretFile;
-use super::{ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind, parse_device_output};
+use super::{
+    ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind, parse_device_output, redact_exec,
+};
 use crate::exec;
 
 /// `rbd-nbd map` / `rbd-nbd unmap`.
@@ -63,7 +65,9 @@ impl Mapper for NbdMapper {
             .map_err(|e| MapError::io("writing key file in", self.key_dir.display(), e))?;
         let args = map_args(image, keyfile.path());
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = exec::run(&self.program, &argv).await?;
+        let out = exec::run(&self.program, &argv)
+            .await
+            .map_err(|e| redact_exec(e, key))?;
         drop(keyfile);
         Ok(MappedDevice {
             mounter: MounterKind::Nbd,
