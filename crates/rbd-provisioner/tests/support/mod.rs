@@ -479,6 +479,65 @@ impl Process {
             .count()
     }
 
+    /// What each open fd points to (`socket:[..]`, `anon_inode:[eventfd]`, a path), counted.
+    pub fn fd_kinds(&self) -> BTreeMap<String, usize> {
+        let mut kinds = BTreeMap::new();
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{}/fd", self.pid())) else {
+            return kinds;
+        };
+        for entry in dir.flatten() {
+            let target = std::fs::read_link(entry.path())
+                .map(|t| t.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let kind = match target.split_once(':') {
+                Some((k, rest)) if k == "anon_inode" => format!("anon_inode:{rest}"),
+                Some((k, _)) => k.to_string(),
+                None => target,
+            };
+            *kinds.entry(kind).or_insert(0) += 1;
+        }
+        kinds
+    }
+
+    /// Remote TCP ports of the process's sockets, counted (from `/proc/PID/net/tcp{,6}` by
+    /// socket inode); unix and listening sockets are left out.
+    pub fn tcp_peers(&self) -> BTreeMap<u16, usize> {
+        let pid = self.pid();
+        let inodes: std::collections::BTreeSet<String> =
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .map(|dir| {
+                    dir.flatten()
+                        .filter_map(|e| {
+                            let t = std::fs::read_link(e.path()).ok()?;
+                            let t = t.to_string_lossy();
+                            Some(
+                                t.strip_prefix("socket:[")?
+                                    .trim_end_matches(']')
+                                    .to_string(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+        let mut peers = BTreeMap::new();
+        for table in ["tcp", "tcp6"] {
+            let text =
+                std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+            for line in text.lines().skip(1) {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                if cols.len() < 10 || !inodes.contains(cols[9]) || cols[3] == "0A" {
+                    continue;
+                }
+                let port = cols[2]
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+                    .unwrap_or(0);
+                *peers.entry(port).or_insert(0) += 1;
+            }
+        }
+        peers
+    }
+
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
