@@ -114,6 +114,20 @@ async fn a_dead_rbd_fuse_is_replaced_on_the_next_stage() {
         assert!(std::time::Instant::now() < deadline, "rbd-fuse did not die");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+    // Stats see that A's mapping is gone although its filesystem is still mounted.
+    let stats = va
+        .node
+        .node_get_volume_stats(rbd_csi::proto::csi::NodeGetVolumeStatsRequest {
+            volume_id: a.volume_id(),
+            volume_path: va.staging.display().to_string(),
+            staging_target_path: va.staging.display().to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let condition = stats.volume_condition.unwrap();
+    assert!(condition.abnormal, "{condition:?}");
+    assert!(condition.message.contains("rbd-fuse"), "{condition:?}");
     // B stages through a fresh rbd-fuse; A's broken staging still unstages cleanly.
     vb.stage().await.unwrap();
     std::fs::write(vb.staging.join("ok"), "ok").unwrap();

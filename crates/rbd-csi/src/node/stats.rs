@@ -57,11 +57,24 @@ pub(super) fn volume_stats(
             )),
         });
     }
+    // The mapping behind the volume, when the staging record tells: a mount can outlive it.
+    let broken = (!req.staging_target_path.is_empty())
+        .then(|| {
+            record::read(Path::new(&req.staging_target_path))
+                .ok()
+                .flatten()
+        })
+        .flatten()
+        .and_then(|rec| mapping_problem(&rec.mapped));
+    let healthy = |what: &str| match &broken {
+        Some(problem) => condition(true, problem.clone()),
+        None => condition(false, what),
+    };
     if fs::is_block_device(path) {
         let size = fs::block_device_size(path).map_err(|e| internal("reading device size", &e))?;
         return Ok(csi::NodeGetVolumeStatsResponse {
             usage: vec![usage(Unit::Bytes, size, 0, 0)],
-            volume_condition: Some(condition(false, "block device is mapped")),
+            volume_condition: Some(healthy("block device is mapped")),
         });
     }
     match fs::usage(path) {
@@ -70,7 +83,7 @@ pub(super) fn volume_stats(
                 usage(Unit::Bytes, u.total_bytes, u.available_bytes, u.used_bytes),
                 usage(Unit::Inodes, u.total_inodes, u.free_inodes, u.used_inodes),
             ],
-            volume_condition: Some(condition(false, "volume is mounted")),
+            volume_condition: Some(healthy("volume is mounted")),
         }),
         Err(e) => Ok(csi::NodeGetVolumeStatsResponse {
             usage: Vec::new(),
@@ -79,6 +92,22 @@ pub(super) fn volume_stats(
                 format!("statfs {} failed: {e}", path.display()),
             )),
         }),
+    }
+}
+
+/// Why a mapping no longer works, if it does not: the device node is gone, or (fuse-loop) the
+/// rbd-fuse process serving the image died.
+fn mapping_problem(mapped: &MappedDevice) -> Option<String> {
+    if !mapped.device.exists() {
+        return Some(format!("device {} is gone", mapped.device.display()));
+    }
+    let fuse = mapped.fuse.as_ref()?;
+    match std::fs::metadata(&fuse.image_file) {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "rbd-fuse serving {} is gone ({e}); unstage and stage the volume again",
+            fuse.image_file.display()
+        )),
     }
 }
 
