@@ -266,3 +266,30 @@ async fn provisioner_style_attributes_and_in_tree_secret_stage() {
     .unwrap();
     assert_nothing_left(&server);
 }
+
+#[tokio::test]
+async fn ext4_staged_but_unpublished_grows_even_where_online_grow_is_refused() {
+    // Kubelet expands right after NodeStageVolume, before any publish: volume_path = staging.
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-node-ext4-stage-grow", 64);
+    let mut vol = Volume::new(&server, &image, mount_cap("ext4")).await;
+    vol.stage().await.unwrap();
+    std::fs::write(vol.staging.join("keep.txt"), "kept").unwrap();
+    let before = rbd_csi::fs::usage(&vol.staging).unwrap().total_bytes;
+    image.resize(128);
+    vol.target = vol.staging.clone();
+    let capacity = vol.expand(128 << 20).await.unwrap();
+    assert_eq!(capacity, 128 << 20);
+    let after = rbd_csi::fs::usage(&vol.staging).unwrap().total_bytes;
+    assert!(
+        after > before + (50 << 20),
+        "ext4 grew from {before} to {after}"
+    );
+    assert!(rbd_csi::mount::is_mount_point(&vol.staging).unwrap());
+    assert_eq!(
+        std::fs::read_to_string(vol.staging.join("keep.txt")).unwrap(),
+        "kept"
+    );
+    vol.unstage().await.unwrap();
+    assert_nothing_left(&server);
+}

@@ -95,6 +95,40 @@ pub(super) fn volume_stats(
     }
 }
 
+/// Whether `entry` is the only mount of its filesystem (no bind mounts of it elsewhere).
+fn only_mount_of_its_filesystem(entry: &mount::MountEntry) -> Result<bool, Status> {
+    let table = mount::mount_table().map_err(|e| internal("reading mount table", &e))?;
+    Ok(table.iter().filter(|m| m.device == entry.device).count() == 1)
+}
+
+/// Unmount, `e2fsck -f` + `resize2fs`, mount again with the same per-mount flags.
+async fn grow_offline_in_place(
+    entry: &mount::MountEntry,
+    device: &Path,
+    mount_point: &Path,
+) -> Result<(), Status> {
+    tracing::info!(device = %device.display(), mount_point = %mount_point.display(),
+        "online ext4 grow refused; growing offline (not published anywhere)");
+    mount::unmount(mount_point).map_err(|e| internal("unmounting for offline grow", &e))?;
+    let grown = fs::grow_ext4_offline(device).await;
+    // Per-mount options are VFS flags; keep those `mount(2)` takes as flags, never pass the
+    // rest as filesystem data (ext4 would refuse the mount).
+    let flags: Vec<String> = entry
+        .options
+        .split(',')
+        .filter(|o| {
+            matches!(
+                *o,
+                "ro" | "noexec" | "nosuid" | "nodev" | "noatime" | "nodiratime" | "relatime"
+            )
+        })
+        .map(str::to_owned)
+        .collect();
+    mount::mount_filesystem(device, mount_point, "ext4", &flags)
+        .map_err(|e| internal("remounting after offline grow", &e))?;
+    grown.map_err(Status::from)
+}
+
 /// Why a mapping no longer works, if it does not: the device node is gone, or (fuse-loop) the
 /// rbd-fuse process serving the image died.
 fn mapping_problem(mapped: &MappedDevice) -> Option<String> {
@@ -192,7 +226,14 @@ pub(super) async fn expand(
                 Status::not_found(format!("{} is not mounted", volume_path.display()))
             })?;
         let fs = FsType::parse(&entry.fs_type).map_err(Status::failed_precondition)?;
-        fs::grow_online(fs, &mapped.device, &volume_path).await?;
+        match fs::grow_online(fs, &mapped.device, &volume_path).await {
+            Err(fs::FsError::OnlineGrowRefused { .. }) if only_mount_of_its_filesystem(&entry)? => {
+                // Mounted nowhere else (kubelet expands right after staging, before any
+                // publish): grow it offline in place.
+                grow_offline_in_place(&entry, &mapped.device, &volume_path).await?;
+            }
+            result => result?,
+        }
         tracing::info!(
             volume_id,
             fs = fs.name(),
