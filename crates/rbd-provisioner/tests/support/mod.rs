@@ -889,3 +889,71 @@ impl Harness {
             .position(|p| p.running() && p.log_text().contains("became leader"))
     }
 }
+
+impl Harness {
+    /// Like [`Harness::spawn`], with the binary run under `wrapper` (e.g. `strace -o F`).
+    pub fn spawn_wrapped(&self, wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Process {
+        let n = rand::random::<u32>();
+        let log = self.dir.path().join(format!("provisioner-w{n:08x}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(wrapper[0])
+            .args(&wrapper[1..])
+            .arg(env!("CARGO_BIN_EXE_rbd-provisioner"))
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .envs(env.iter().copied())
+            .env_remove("RUST_LOG")
+            .env_remove("PROVISIONER_NAME")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Process { child, log }
+    }
+}
+
+impl Process {
+    /// The first child process (the real program under a wrapper such as strace).
+    pub fn child_pid(&self) -> Option<u32> {
+        let pid = self.pid();
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+}
+
+/// Files a traced process opened for writing, created or renamed into (from `strace -f -o`
+/// output of open/openat/creat/rename*/link*/mkdir), existing regular files only, without
+/// `/proc`, `/sys` and `/dev`.
+pub fn written_files(trace: &str) -> std::collections::BTreeSet<PathBuf> {
+    let mut files = std::collections::BTreeSet::new();
+    for line in trace.lines() {
+        let writes = line.contains("O_WRONLY")
+            || line.contains("O_RDWR")
+            || line.contains("O_CREAT")
+            || line.contains("creat(")
+            || line.contains("rename")
+            || line.contains("link");
+        if !writes || line.contains("= -1") {
+            continue;
+        }
+        // every quoted path of the call (rename targets included)
+        for (i, part) in line.split('"').enumerate() {
+            if i % 2 == 1 && part.starts_with('/') {
+                let path = PathBuf::from(part);
+                let skip = ["/proc", "/sys", "/dev"]
+                    .iter()
+                    .any(|p| path.starts_with(p));
+                if !skip && path.is_file() {
+                    files.insert(path);
+                }
+            }
+        }
+    }
+    files
+}
