@@ -293,3 +293,47 @@ async fn ext4_staged_but_unpublished_grows_even_where_online_grow_is_refused() {
     vol.unstage().await.unwrap();
     assert_nothing_left(&server);
 }
+
+#[tokio::test]
+async fn mount_flags_apply_and_access_type_conflicts_are_already_exists() {
+    use rbd_csi::proto::csi::volume_capability::AccessType;
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-node-flags", 16);
+    let mut cap = mount_cap("ext4");
+    if let Some(AccessType::Mount(m)) = &mut cap.access_type {
+        m.mount_flags = vec!["noatime".into(), "nodev".into()];
+    }
+    let mut vol = Volume::new(&server, &image, cap).await;
+    vol.stage().await.unwrap();
+    let staged = rbd_csi::mount::mount_at(&vol.staging).unwrap().unwrap();
+    assert!(
+        staged.options.split(',').any(|o| o == "noatime"),
+        "{}",
+        staged.options
+    );
+    assert!(
+        staged.options.split(',').any(|o| o == "nodev"),
+        "{}",
+        staged.options
+    );
+
+    let mut as_block = Volume::new(&server, &image, block_cap()).await;
+    as_block.staging = vol.staging.clone();
+    assert_eq!(
+        as_block.stage().await.unwrap_err().code(),
+        tonic::Code::AlreadyExists
+    );
+
+    // A staging record whose mount vanished (e.g. unmounted by hand) is not published.
+    rbd_csi::mount::unmount(&vol.staging).unwrap();
+    assert_eq!(
+        vol.publish(false).await.unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
+    // Staging again repairs it.
+    vol.stage().await.unwrap();
+    vol.publish(false).await.unwrap();
+    vol.unpublish().await.unwrap();
+    vol.unstage().await.unwrap();
+    assert_nothing_left(&server);
+}

@@ -8,6 +8,7 @@ use tonic::Status;
 use super::NodeService;
 use super::record;
 use super::request;
+use super::stage;
 use crate::mount;
 use crate::proto::csi;
 use crate::status::{internal, require};
@@ -36,6 +37,12 @@ pub(super) fn publish(
             "volume {volume_id} was staged as {} but is published as {}",
             kind(staged.block),
             kind(access.is_block())
+        )));
+    }
+    if !stage::staged_target_mounted(&staging, staged.block)? {
+        return Err(Status::failed_precondition(format!(
+            "volume {volume_id} has a staging record at {} but is not mounted there; stage it again",
+            staging.display()
         )));
     }
     if let Some(existing) =

@@ -47,6 +47,12 @@ pub(super) async fn stage(
                 existing.volume_id
             )));
         }
+        if existing.block != access.is_block() {
+            return Err(Status::already_exists(format!(
+                "volume {volume_id} is already staged at {} with another access type",
+                staging.display()
+            )));
+        }
         if staged_target_mounted(&staging, existing.block)? {
             tracing::debug!(volume_id, staging = %staging.display(), "already staged");
             return Ok(());
@@ -80,7 +86,7 @@ pub(super) async fn stage(
     Ok(())
 }
 
-fn staged_target_mounted(staging: &Path, block: bool) -> Result<bool, Status> {
+pub(super) fn staged_target_mounted(staging: &Path, block: bool) -> Result<bool, Status> {
     let target = if block {
         staging.join(BLOCK_DEVICE_FILE)
     } else {
