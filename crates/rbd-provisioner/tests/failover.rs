@@ -143,15 +143,11 @@ async fn failover(n: usize, tag: &str, death: Death) -> Figures {
         prev = *t;
     }
     let after_kill = times.last().map_or(Duration::ZERO, |t| *t - killed_at);
-    // the survivor waits at most a lease (4 s) plus a retry period after the leader's last renew
-    assert!(
-        gap < Duration::from_secs(10),
-        "failover gap {gap:?} exceeds the lease duration by far"
-    );
+
     let key = h.ceph.admin_key.clone();
     let logs: Vec<String> = replicas.iter().map(Process::log_text).collect();
     h.assert_nowhere(&key, &logs).await;
-    Figures {
+    let figures = Figures {
         first_after,
         incomplete_owner: converged.incomplete_owner_records.len(),
         claims: n,
@@ -159,7 +155,14 @@ async fn failover(n: usize, tag: &str, death: Death) -> Figures {
         gap,
         total,
         after_kill,
-    }
+    };
+    report(tag, &figures);
+    // the survivor waits at most a lease (4 s) plus a retry period after the leader's last renew
+    assert!(
+        gap < Duration::from_secs(10),
+        "failover gap {gap:?} exceeds the lease duration by far"
+    );
+    figures
 }
 
 fn report(name: &str, f: &Figures) {
@@ -178,23 +181,27 @@ fn report(name: &str, f: &Figures) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_aborted_mid_burst_of_60_claims_loses_and_duplicates_nothing() {
-    let f = failover(60, "fo60", Death::AbortBeforePvSave { nth: 12 }).await;
-    report("failover-60", &f);
+    failover(60, "fo60", Death::AbortBeforePvSave { nth: 12 }).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "bug: same as the 300-claim variant (fails about one run in two)"]
 async fn leader_sigkilled_mid_burst_of_60_claims_loses_and_duplicates_nothing() {
-    let f = failover(60, "fo60k", Death::Sigkill).await;
-    report("failover-60-sigkill", &f);
+    failover(60, "fo60k", Death::Sigkill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "bug: a SIGKILL inside rbd_create leaves a partial image (no header) that the \
             survivor never completes: claim Pending forever with 'open image ...: not found' \
-            (see reliability.rs partial_image_left_by_a_create_killed_midway_is_replaced); \
-            also long: 300 claims"]
+            (see reliability.rs partial_image_left_by_a_create_killed_midway_is_replaced); and \
+            the survivor stalls ~20 s on the dead leader's exclusive locks (watch timeout 30 s), \
+            so the failover gap exceeds 10 s; also long: 300 claims"]
 async fn leader_sigkilled_mid_burst_of_300_claims_loses_and_duplicates_nothing() {
-    let f = failover(300, "fo300", Death::Sigkill).await;
-    report("failover-300", &f);
+    failover(300, "fo300", Death::Sigkill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: 300 claims (about 20 s)"]
+async fn leader_aborted_mid_burst_of_300_claims_loses_and_duplicates_nothing() {
+    failover(300, "fo300a", Death::AbortBeforePvSave { nth: 60 }).await;
 }
