@@ -208,3 +208,25 @@ async fn a_wrong_key_fails_the_stage_and_leaves_nothing() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn concurrent_stages_and_unstages_of_many_volumes_share_one_instance() {
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let images: Vec<TestImage> = (0..4)
+        .map(|i| TestImage::create(&format!("csi-node-concurrent-{i}"), 8))
+        .collect();
+    let mut volumes = Vec::new();
+    for image in &images {
+        volumes.push(Volume::new(&server, image, mount_cap("ext4")).await);
+    }
+    let results = futures::future::join_all(volumes.iter_mut().map(|v| v.stage())).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(fuse_processes_under(server.dir.path()).len(), 1);
+    assert_eq!(loops_under(server.dir.path()).len(), 4);
+    for v in &volumes {
+        assert!(rbd_csi::mount::is_mount_point(&v.staging).unwrap());
+    }
+    let results = futures::future::join_all(volumes.iter_mut().map(|v| v.unstage())).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_nothing_left(&server);
+}
