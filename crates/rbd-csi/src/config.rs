@@ -125,6 +125,36 @@ impl Default for CsiConfig {
 }
 
 impl CsiConfig {
+    /// Checks what the CSI spec and the kubelet require of the configuration.
+    ///
+    /// # Errors
+    /// A message naming the offending setting: a driver name that is not a DNS-style name of at
+    /// most 63 characters, or an empty node ID when the node service runs.
+    pub fn validate(&self) -> Result<(), String> {
+        let name = &self.driver_name;
+        let valid_chars = name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        let alnum_ends = name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+            && name
+                .bytes()
+                .last()
+                .is_some_and(|b| b.is_ascii_alphanumeric());
+        if name.is_empty() || name.len() > 63 || !valid_chars || !alnum_ends {
+            return Err(format!(
+                "driver name {name:?} must be 1-63 characters of [a-zA-Z0-9.-], starting and \
+                 ending with an alphanumeric"
+            ));
+        }
+        if self.services.node() && self.node_id.trim().is_empty() {
+            return Err("node_id must not be empty when the node service runs".to_owned());
+        }
+        Ok(())
+    }
+
     /// The node service's part of the configuration.
     #[must_use]
     pub fn node_config(&self) -> NodeConfig {
@@ -160,6 +190,29 @@ mod tests {
         assert_eq!(c.services, Services::All);
         assert_eq!(c.default_mounter, MounterKind::Krbd);
         assert!(!c.node_id.is_empty());
+    }
+
+    #[test]
+    fn validation_checks_driver_name_and_node_id() {
+        assert!(CsiConfig::default().validate().is_ok());
+        for bad in ["", "-rbd", "rbd.", "rbd_csi", &"a".repeat(64)] {
+            let c = CsiConfig {
+                driver_name: bad.to_owned(),
+                ..CsiConfig::default()
+            };
+            assert!(c.validate().is_err(), "{bad:?}");
+        }
+        let c = CsiConfig {
+            node_id: String::new(),
+            ..CsiConfig::default()
+        };
+        assert!(c.validate().unwrap_err().contains("node_id"));
+        let controller_only = CsiConfig {
+            node_id: String::new(),
+            services: Services::Controller,
+            ..CsiConfig::default()
+        };
+        assert!(controller_only.validate().is_ok());
     }
 
     #[test]

@@ -77,11 +77,13 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, CsiError> {
 /// then removes the socket files.
 ///
 /// # Errors
-/// When a socket cannot be bound or a server fails.
+/// [`CsiError::Config`] for an invalid configuration ([`CsiConfig::validate`]); otherwise when a
+/// socket cannot be bound or a server fails.
 pub async fn serve(
     config: CsiConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CsiError> {
+    config.validate().map_err(CsiError::Config)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;

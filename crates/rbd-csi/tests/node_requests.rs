@@ -419,3 +419,18 @@ async fn stale_socket_is_replaced_and_removed_on_shutdown() {
     server.stop().await.unwrap();
     assert!(!socket.exists());
 }
+
+#[tokio::test]
+async fn invalid_configuration_is_refused_before_binding() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let config = rbd_csi::CsiConfig {
+        endpoint: socket.clone(),
+        driver_name: "rbd_csi".into(),
+        ..rbd_csi::CsiConfig::default()
+    };
+    let err = rbd_csi::serve(config, async {}).await.unwrap_err();
+    assert!(matches!(err, rbd_csi::CsiError::Config(_)), "{err}");
+    assert!(err.to_string().contains("rbd_csi"));
+    assert!(!socket.exists());
+}
