@@ -490,7 +490,7 @@ impl Process {
                 .map(|t| t.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let kind = match target.split_once(':') {
-                Some((k, rest)) if k == "anon_inode" => format!("anon_inode:{rest}"),
+                Some(("anon_inode", rest)) => format!("anon_inode:{rest}"),
                 Some((k, _)) => k.to_string(),
                 None => target,
             };
