@@ -12,7 +12,7 @@ PKGS=(
   # node data path without kernel rbd/nbd: rbd-fuse + loop devices + filesystems
   rbd-fuse fuse3 xfsprogs e2fsprogs util-linux mount
   # tests and tools
-  jq curl procps iproute2
+  jq curl procps iproute2 strace
 )
 # kubectl comes from the Kubernetes apt repo on most machines; use Debian's when it has one.
 OPTIONAL=(kubernetes-client)
