@@ -14,10 +14,21 @@ export TMPDIR
 TMPDIR=$(mktemp -d /tmp/rbd-provisioner-test.XXXXXX)
 cleanup() {
   rc=$?
+  # Whatever a killed test left mounted under TMPDIR goes first: removing files through a live
+  # rbd-fuse mount would delete RBD images, and rm must never cross into a mount.
+  losetup -l -n -O NAME,BACK-FILE 2>/dev/null | while read -r dev back; do
+    case "$back" in "$TMPDIR"/*)
+      findmnt -rn -S "$dev" -o TARGET | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
+      losetup -d "$dev" 2>/dev/null ;;
+    esac
+  done
+  awk -v d="$TMPDIR/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do
+    umount "$m" 2>/dev/null || umount -l "$m"
+  done
   for d in "$TMPDIR"/micro-ceph-*; do
     [ -d "$d/run" ] && "$ROOT/scripts/micro-ceph-stop.sh" "$d" --kill >/dev/null 2>&1
   done
-  rm -rf "$TMPDIR"
+  rm -rf --one-file-system "$TMPDIR"
   exit $rc
 }
 trap cleanup EXIT INT TERM
