@@ -2,8 +2,9 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Args;
-use rbd_csi::{CsiConfig, MounterKind, RegistrationConfig, Services};
+use rbd_csi::{CsiConfig, MounterKind, ProbeCluster, RegistrationConfig, Services};
 
 #[derive(Args, Debug, Clone)]
 pub struct CsiArgs {
@@ -35,14 +36,35 @@ pub struct CsiArgs {
     /// The CSI socket as the kubelet sees it on the host. Default: --endpoint.
     #[arg(long)]
     pub kubelet_endpoint: Option<PathBuf>,
-    /// Monitors for CreateVolume/GetCapacity requests whose parameters name none.
+    /// Monitors for CreateVolume/GetCapacity requests whose parameters name none, and of the
+    /// cluster Probe and GetCapacity check.
     #[arg(long)]
     pub monitors: Option<String>,
+    /// Ceph user for Probe (ready only while Ceph answers) and GetCapacity, which carry no
+    /// secrets. Needs --monitors and --probe-key-file.
+    #[arg(long, default_value = "admin")]
+    pub probe_user: String,
+    /// File holding that user's key (e.g. a mounted Secret; never pass keys on the command line).
+    #[arg(long)]
+    pub probe_key_file: Option<PathBuf>,
 }
 
 /// Serves until SIGTERM/SIGINT.
 pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
     let defaults = CsiConfig::default();
+    let probe = match (&args.monitors, &args.probe_key_file) {
+        (Some(monitors), Some(path)) => {
+            let key = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --probe-key-file {}", path.display()))?;
+            Some(ProbeCluster {
+                monitors: monitors.clone(),
+                user: args.probe_user.clone(),
+                key: key.trim().to_string(),
+            })
+        }
+        (None, Some(_)) => anyhow::bail!("--probe-key-file needs --monitors"),
+        _ => None,
+    };
     let endpoint = PathBuf::from(
         args.endpoint
             .strip_prefix("unix://")
@@ -60,6 +82,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
             kubelet_endpoint: args.kubelet_endpoint,
         }),
         default_monitors: args.monitors,
+        probe,
         ..defaults
     };
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, "starting CSI driver");

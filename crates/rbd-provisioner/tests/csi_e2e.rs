@@ -32,14 +32,22 @@ struct NodePlugin {
 
 impl NodePlugin {
     fn start(dir: &Path) -> NodePlugin {
-        let socket = dir.join("csi.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
-            .args([
-                "csi",
+        NodePlugin::start_with(
+            dir,
+            &[
                 "--services=node",
                 "--default-mounter=fuse",
                 "--node-id=node-1",
-            ])
+            ],
+        )
+    }
+
+    /// `rbd-provisioner csi ARGS` serving on a socket in `dir`.
+    fn start_with(dir: &Path, args: &[&str]) -> NodePlugin {
+        let socket = dir.join("csi.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+            .arg("csi")
+            .args(args)
             .arg(format!("--endpoint=unix://{}", socket.display()))
             .arg(format!("--runtime-dir={}", dir.join("run").display()))
             .stdin(Stdio::null())
@@ -51,13 +59,17 @@ impl NodePlugin {
     }
 
     async fn client(&self) -> NodeClient<Channel> {
+        NodeClient::new(self.channel().await)
+    }
+
+    async fn channel(&self) -> Channel {
         let deadline = Instant::now() + Duration::from_secs(10);
         while tokio::net::UnixStream::connect(&self.socket).await.is_err() {
             assert!(Instant::now() < deadline, "the node plugin never listened");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let path = self.socket.clone();
-        let channel = Endpoint::try_from("http://[::]:50051")
+        Endpoint::try_from("http://[::]:50051")
             .unwrap()
             .connect_with_connector(tower::service_fn(move |_: Uri| {
                 let path = path.clone();
@@ -68,8 +80,7 @@ impl NodePlugin {
                 }
             }))
             .await
-            .unwrap();
-        NodeClient::new(channel)
+            .unwrap()
     }
 }
 
@@ -196,4 +207,31 @@ async fn a_csi_pv_from_the_provisioner_stages_publishes_and_keeps_its_data() {
         .unwrap();
     h.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
     assert!(!h.images().contains(&image));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_and_capacity_use_the_configured_cluster() {
+    use rbd_csi::proto::csi::controller_client::ControllerClient;
+    use rbd_csi::proto::csi::identity_client::IdentityClient;
+    let ceph = micro_ceph::cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("probe.key");
+    std::fs::write(&key_file, &ceph.admin_key).unwrap();
+    let monitors = format!("--monitors={}", ceph.monitors);
+    let key_arg = format!("--probe-key-file={}", key_file.display());
+    let plugin =
+        NodePlugin::start_with(dir.path(), &["--services=controller", &monitors, &key_arg]);
+    let channel = plugin.channel().await;
+    let probe = IdentityClient::new(channel.clone())
+        .probe(rbd_csi::proto::csi::ProbeRequest {})
+        .await
+        .unwrap();
+    assert_eq!(probe.into_inner().ready, Some(true));
+    let capacity = ControllerClient::new(channel)
+        .get_capacity(rbd_csi::proto::csi::GetCapacityRequest {
+            parameters: [("pool".to_string(), ceph.pool.clone())].into(),
+            ..Default::default()
+        })
+        .await;
+    assert!(capacity.is_ok(), "{capacity:?}");
 }
