@@ -38,6 +38,8 @@ pub struct ImageInfo {
     pub id: String,
     /// Prefix of the image's data objects (`rbd_data.<id>`).
     pub block_name_prefix: String,
+    /// When the image was created.
+    pub created: std::time::SystemTime,
 }
 
 /// A client watching an image: a mapped device or an open handle.
@@ -309,14 +311,11 @@ impl Cluster {
         let target = format!("{pool}/{name}");
         self.with_pool("remove image", pool, target.clone(), move |io| {
             // librbd answers EBUSY when watched; ask first so the error can name the watchers.
+            // An image that cannot be opened may be a partial one (a create killed midway:
+            // id object, no header): rbd_remove still cleans that up, or says ENOENT.
             let watchers = match io.open(&name, true) {
                 Ok(img) => img.watchers()?,
-                Err(e) if e.is_not_found() => {
-                    return Err(Error::NotFound {
-                        op: "remove image",
-                        target,
-                    });
-                }
+                Err(e) if e.is_not_found() => Vec::new(),
                 Err(e) => return Err(e),
             };
             if !watchers.is_empty() {

@@ -84,6 +84,9 @@ fn c_text(buf: &[u8]) -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// Seconds after which the OSDs drop the watch of a client that stopped pinging.
+const WATCH_TIMEOUT_SECS: u32 = 15;
+
 /// A connected cluster handle (`rados_t`).
 pub(crate) struct Rados {
     handle: ffi::rados_t,
@@ -117,8 +120,14 @@ impl Rados {
             ("key", cfg.key.expose().to_string()),
             ("keyring", String::new()),
             ("client_mount_timeout", secs(cfg.connect_timeout)),
+            // Mon commands may time out safely. OSD ops may not: librbd does not survive an op
+            // timing out under it (it asserts on close), so a stuck OSD op is bounded by the
+            // async layer's deadline instead, and completes or fails on its own later.
             ("rados_mon_op_timeout", secs(cfg.op_timeout)),
-            ("rados_osd_op_timeout", secs(cfg.op_timeout)),
+            // Watches of a client that died (a killed provisioner holding an image open) expire
+            // after this, not the default 30 s, so whoever needs that image next (to write
+            // metadata, resize or remove it) waits less. Keep-alive pings go every 5 s.
+            ("osd_client_watch_timeout", WATCH_TIMEOUT_SECS.to_string()),
             // a client in a container has no /var/run/ceph: no admin socket, no log file
             ("admin_socket", String::new()),
             ("log_file", String::new()),
@@ -542,12 +551,29 @@ impl Image<'_> {
             |b, len| unsafe { ffi::rbd_get_block_name_prefix(self.handle, b, *len) },
             c_text,
         )?;
+        let mut created = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: open image and a valid out-struct (librbd's `struct timespec` is libc's).
+        check(
+            unsafe {
+                ffi::rbd_get_create_timestamp(self.handle, std::ptr::from_mut(&mut created).cast())
+            },
+            op,
+            &self.target,
+        )?;
         Ok(ImageInfo {
             size: st.size,
             object_size: st.obj_size,
             features: Features::from_bits(features),
             id,
             block_name_prefix: prefix,
+            created: std::time::UNIX_EPOCH
+                + std::time::Duration::new(
+                    u64::try_from(created.tv_sec).unwrap_or(0),
+                    u32::try_from(created.tv_nsec).unwrap_or(0),
+                ),
         })
     }
 

@@ -380,3 +380,49 @@ async fn bad_image_names_are_invalid_arguments() {
         .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
 }
+
+#[tokio::test]
+async fn a_partially_created_image_can_be_removed_and_created_again() {
+    let (cluster, pool, name) = with_image("partial", MIB).await;
+    let info = cluster.image_info(&pool, &name).await.unwrap();
+    let age = std::time::SystemTime::now()
+        .duration_since(info.created)
+        .unwrap();
+    assert!(age < Duration::from_secs(60), "created {age:?} ago");
+    // what a create killed midway leaves: the id object and directory entry, no header
+    let out = micro_ceph::cluster()
+        .cli("rados")
+        .args(["-p", &pool, "rm", &format!("rbd_header.{}", info.id)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        cluster
+            .image_info(&pool, &name)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    let again = cluster
+        .create_image(&pool, &name, MIB, &CreateOptions::default())
+        .await;
+    assert!(again.unwrap_err().is_already_exists());
+
+    cluster.remove_image(&pool, &name).await.unwrap();
+    cluster
+        .create_image(&pool, &name, MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    cluster.remove_image(&pool, &name).await.unwrap();
+    assert!(
+        cluster
+            .remove_image(&pool, &name)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+}
