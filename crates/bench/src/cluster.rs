@@ -39,6 +39,7 @@ impl Env {
         tag: &str,
         ceph: &micro_ceph::MicroCeph,
         provisioner_args: &[String],
+        provisioner_env: &[(String, String)],
     ) -> anyhow::Result<Env> {
         let kubeconfig = dir.join(format!("kubeconfig-{tag}"));
         let mut emulator = Proc::spawn(
@@ -50,6 +51,7 @@ impl Env {
                 "--kubeconfig-out".into(),
                 path_arg(&kubeconfig),
             ],
+            &[],
             dir.join(format!("emulator-{tag}.log")),
         )?;
         let end = Instant::now() + Duration::from_secs(30);
@@ -73,6 +75,7 @@ impl Env {
             "rbd-provisioner",
             &bins.join("rbd-provisioner"),
             &args,
+            provisioner_env,
             dir.join(format!("provisioner-{tag}.log")),
         )?;
         wait_leader(&client, &mut provisioner).await?;

@@ -68,6 +68,9 @@ struct Args {
     /// Do not run `cargo build` for rbd-provisioner and kube-emulator first.
     #[arg(long)]
     no_build: bool,
+    /// Extra environment for the provisioner (experiments, e.g. MALLOC_ARENA_MAX=2); repeatable.
+    #[arg(long = "provisioner-env", value_name = "KEY=VALUE", value_parser = parse_env)]
+    provisioner_env: Vec<(String, String)>,
     /// Run `cargo bench -p ceph-rbd --bench ops` first (else its last JSON is read).
     #[arg(long)]
     ceph_bench: bool,
@@ -153,6 +156,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
 
     let mut runs: Vec<RunResult> = Vec::new();
+    let mut failures: Vec<serde_json::Value> = Vec::new();
     for (i, (profile, n, limit)) in plans.into_iter().enumerate() {
         let extra: Vec<String> = if profile == "incumbent" {
             INCUMBENT_ARGS.iter().map(|s| (*s).to_string()).collect()
@@ -161,7 +165,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         };
         let tag = format!("{i}-{profile}-{n}");
         eprintln!("run {tag}: starting emulator and provisioner");
-        let mut env = Env::start(&bins, &work.0, &tag, &ceph, &extra).await?;
+        let mut env =
+            Env::start(&bins, &work.0, &tag, &ceph, &extra, &args.provisioner_env).await?;
         let plan = Plan {
             profile,
             claims: n,
@@ -171,10 +176,18 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             idle: Duration::from_secs(args.idle_secs),
         };
         eprintln!("run {tag}: {n} claims");
-        let result = run::measure(&mut env, &ceph, &plan)
-            .await
-            .with_context(|| format!("run {tag} (logs in {})", work.0.display()))?;
+        let result = run::measure(&mut env, &ceph, &plan).await;
         drop(env);
+        let result = match result {
+            Ok(r) => r,
+            // e.g. the provisioner exited (lost its lease under load): record it, go on
+            Err(e) => {
+                let error = format!("{e:#}");
+                eprintln!("run {tag} FAILED: {error}");
+                failures.push(json!({"profile": profile, "claims": n, "error": error}));
+                continue;
+            }
+        };
         eprintln!(
             "run {tag}: {}/{n} bound in {:.2} s, {} deleted in {:.2} s, peak RSS {:.1} MiB",
             result.bound,
@@ -219,6 +232,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             bench_dir.join("ceph-rbd-ops.json").display()
         ),
     }
+    for f in &failures {
+        println!("FAILED run: {f}");
+    }
     println!("\ntargets:\n{}", report::checks_text(&checks));
 
     let doc = json!({
@@ -227,7 +243,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         "size": args.size,
         "concurrency": args.concurrency,
         "incumbent_args": INCUMBENT_ARGS,
+        "provisioner_env": args.provisioner_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
         "runs": runs,
+        "failed_runs": failures,
         "bind_throughput_ratio": ratios.iter().map(|(n, r)| json!({"claims": n, "ratio": r})).collect::<Vec<_>>(),
         "targets": checks,
         "ceph_rbd_librbd_vs_cli": ceph_ratio,
@@ -238,7 +256,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     std::fs::write(&out, serde_json::to_string_pretty(&doc)?)
         .with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
-    work.remove();
+    if failures.is_empty() {
+        work.remove();
+    } else {
+        println!("logs of the failed runs kept in {}", work.0.display());
+    }
     Ok(())
 }
 
@@ -255,6 +277,12 @@ impl WorkDir {
     fn remove(self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
 fn run_ceph_bench() -> anyhow::Result<()> {

@@ -71,6 +71,7 @@ impl Proc {
         name: &'static str,
         program: &Path,
         args: &[String],
+        env: &[(String, String)],
         log: PathBuf,
     ) -> anyhow::Result<Proc> {
         let file = std::fs::File::create(&log)
@@ -79,6 +80,7 @@ impl Proc {
         cmd.args(args)
             .env_remove("RUST_LOG")
             .env_remove("PROVISIONER_NAME")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file);
@@ -159,6 +161,11 @@ pub struct Sample {
     pub rss: u64,
     /// VmHWM (peak RSS since start), bytes.
     pub peak_rss: u64,
+    /// RssAnon (private anonymous memory: heap, stacks), bytes. VmRSS also counts the pages of
+    /// the shared libraries (librbd, librados, libceph-common) the process touched.
+    pub rss_anon: u64,
+    /// Number of threads.
+    pub threads: u64,
 }
 
 /// Reads `/proc/PID/stat` and `/proc/PID/status`.
@@ -197,5 +204,40 @@ pub fn sample(pid: u32) -> anyhow::Result<Sample> {
         cpu_secs: cpu_ticks as f64 / hz,
         rss: kib("VmRSS:"),
         peak_rss: kib("VmHWM:"),
+        rss_anon: kib("RssAnon:"),
+        threads: kib("Threads:") / 1024,
     })
+}
+
+/// Samples a process every 100 ms and keeps the highest RssAnon seen; stops on drop.
+pub struct AnonPeak {
+    peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AnonPeak {
+    pub fn start(pid: u32) -> AnonPeak {
+        let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let p = peak.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                let Ok(s) = sample(pid) else { return };
+                p.fetch_max(s.rss_anon, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        AnonPeak { peak, task }
+    }
+
+    /// The highest RssAnon so far, bytes.
+    pub fn get(&self) -> u64 {
+        self.peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for AnonPeak {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

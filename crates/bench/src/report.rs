@@ -64,8 +64,16 @@ pub struct RunResult {
     pub images_created: usize,
     /// Images of this run still in the pool after deletion (`rbd ls`).
     pub images_left: usize,
+    /// Provisioner VmRSS holding the lease, before the first claim (no Ceph connection yet).
+    pub rss_start_mib: f64,
     /// Provisioner VmHWM once all claims were bound (all PVs cached).
     pub peak_rss_bound_mib: f64,
+    /// Highest provisioner RssAnon (private memory, sampled every 100 ms) until all were bound.
+    pub peak_anon_bound_mib: f64,
+    /// Highest provisioner RssAnon over the whole run.
+    pub peak_anon_mib: f64,
+    /// Provisioner threads once all claims were bound.
+    pub threads_bound: u64,
     pub rss_idle_mib: f64,
     /// Provisioner VmHWM at the end of the run.
     pub peak_rss_mib: f64,
@@ -162,6 +170,15 @@ pub fn checks(runs: &[RunResult], ratios: &[(usize, f64)]) -> Vec<Check> {
             "MiB",
         ));
         out.push(check_max(
+            &format!(
+                "private (anon) RSS <= 40 MiB with {} PVs cached (VmHWM above also counts shared library pages)",
+                r.bound
+            ),
+            r.peak_anon_bound_mib,
+            40.0,
+            "MiB",
+        ));
+        out.push(check_max(
             &format!("idle CPU ~0 (<= 1% of a core, N={})", r.claims),
             r.idle_cpu_fraction * 100.0,
             1.0,
@@ -198,17 +215,17 @@ pub fn table(runs: &[RunResult]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| profile | N | bound | to Bound | PVC/s | bind p50 / p95 / p99 | deleted | delete all | del/s | delete p50 / p95 / p99 | images left | peak RSS (bound / end) | CPU bind / delete | idle CPU | emulator CPU |"
+        "| profile | N | bound | to Bound | PVC/s | bind p50 / p95 / p99 | deleted | delete all | del/s | delete p50 / p95 / p99 | images left | RSS start / peak bound / peak end | private (anon) peak bound / end | threads | CPU bind / delete | idle CPU | emulator CPU |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in runs {
         let capped = if r.complete { "" } else { " (capped)" };
         let _ = writeln!(
             s,
-            "| {}{capped} | {} | {} | {:.2} s | {:.1} | {:.2} / {:.2} / {:.2} s | {} | {:.2} s | {:.1} | {:.2} / {:.2} / {:.2} s | {} | {:.1} / {:.1} MiB | {:.2} / {:.2} s | {:.2}% | {:.2} s |",
+            "| {}{capped} | {} | {} | {:.2} s | {:.1} | {:.2} / {:.2} / {:.2} s | {} | {:.2} s | {:.1} | {:.2} / {:.2} / {:.2} s | {} | {:.1} / {:.1} / {:.1} MiB | {:.1} / {:.1} MiB | {} | {:.2} / {:.2} s | {:.2}% | {:.2} s |",
             r.profile,
             r.claims,
             r.bound,
@@ -224,8 +241,12 @@ pub fn table(runs: &[RunResult]) -> String {
             r.delete_latency.p95_s,
             r.delete_latency.p99_s,
             r.images_left,
+            r.rss_start_mib,
             r.peak_rss_bound_mib,
             r.peak_rss_mib,
+            r.peak_anon_bound_mib,
+            r.peak_anon_mib,
+            r.threads_bound,
             r.cpu_bind_s,
             r.cpu_delete_s,
             r.idle_cpu_fraction * 100.0,

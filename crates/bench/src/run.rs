@@ -12,7 +12,7 @@ use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
 use crate::cluster::{CLASS, Env, NAMESPACE};
-use crate::procs::{Sample, sample};
+use crate::procs::{AnonPeak, Sample, sample};
 use crate::report::{Percentiles, RunResult};
 use crate::tracker::Tracker;
 
@@ -44,6 +44,7 @@ pub async fn measure(
     let pid = env.provisioner.pid();
     let emu_pid = env.emulator.pid();
     let before = sample(pid)?;
+    let anon_peak = AnonPeak::start(pid);
     let emu_before = sample(emu_pid)?;
     let names: Vec<String> = (0..plan.claims).map(|i| format!("bench-{i:05}")).collect();
 
@@ -83,6 +84,7 @@ pub async fn measure(
     let (create_time, bind_complete) = tokio::try_join!(created, all_bound)?;
     let bind_elapsed = t0.elapsed();
     let after_bind = sample(pid)?;
+    let anon_peak_bound = anon_peak.get().max(after_bind.rss_anon);
 
     let (bound, bind_lat, last_bound) = {
         let s = tracker.lock();
@@ -192,7 +194,11 @@ pub async fn measure(
         delete_latency: Percentiles::of(del_lat),
         images_created: images.len(),
         images_left,
+        rss_start_mib: mib(before.rss),
         peak_rss_bound_mib: mib(after_bind.peak_rss),
+        peak_anon_bound_mib: mib(anon_peak_bound),
+        peak_anon_mib: mib(anon_peak.get().max(after_delete.rss_anon)),
+        threads_bound: after_bind.threads,
         rss_idle_mib: mib(after_idle.rss),
         peak_rss_mib: mib(after_delete.peak_rss),
         cpu_bind_s: cpu(before, after_bind),

@@ -29,6 +29,8 @@ pub struct Seen {
     pub delete_sent: HashMap<String, Instant>,
     /// PV -> when it was seen deleted
     pub pv_gone: HashMap<String, Instant>,
+    /// PVs listed since the current (re)list began.
+    relisted: Option<std::collections::HashSet<String>>,
     pvc_synced: bool,
     pv_synced: bool,
 }
@@ -132,7 +134,15 @@ fn on_claim(s: &mut Seen, event: Event<PersistentVolumeClaim>, now: Instant) {
 
 fn on_volume(s: &mut Seen, event: Event<PersistentVolume>, now: Instant) {
     match event {
-        Event::Apply(pv) | Event::InitApply(pv) => {
+        Event::Apply(pv) => {
+            if let Some(image) = image_name(&pv) {
+                s.image_of.entry(pv.name_any()).or_insert(image);
+            }
+        }
+        Event::InitApply(pv) => {
+            if let Some(listed) = s.relisted.as_mut() {
+                listed.insert(pv.name_any());
+            }
             if let Some(image) = image_name(&pv) {
                 s.image_of.entry(pv.name_any()).or_insert(image);
             }
@@ -140,8 +150,23 @@ fn on_volume(s: &mut Seen, event: Event<PersistentVolume>, now: Instant) {
         Event::Delete(pv) => {
             s.pv_gone.entry(pv.name_any()).or_insert(now);
         }
-        Event::InitDone => s.pv_synced = true,
-        Event::Init => {}
+        Event::Init => s.relisted = Some(std::collections::HashSet::new()),
+        // A relist after a dropped watch (the server ends watches that fall behind) carries no
+        // Delete events for what went away in between: known PVs missing from it are gone.
+        Event::InitDone => {
+            if let Some(listed) = s.relisted.take() {
+                let gone: Vec<String> = s
+                    .image_of
+                    .keys()
+                    .filter(|pv| !listed.contains(*pv) && !s.pv_gone.contains_key(*pv))
+                    .cloned()
+                    .collect();
+                for pv in gone {
+                    s.pv_gone.insert(pv, now);
+                }
+            }
+            s.pv_synced = true;
+        }
     }
 }
 
