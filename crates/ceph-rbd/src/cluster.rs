@@ -103,6 +103,25 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
+/// Images with a changing operation in flight in this process (`monitors|pool/image`).
+fn in_flight() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
+    static SET: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+        std::sync::OnceLock::new();
+    SET.get_or_init(Default::default)
+}
+
+/// Holds an image's in-flight mark; dropping it clears the mark.
+struct InFlight(String);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        in_flight()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.0);
+    }
+}
+
 fn check_image_name(op: &'static str, pool: &str, name: &str) -> Result<(), Error> {
     let target = format!("{pool}/{name}");
     if pool.is_empty() {
@@ -253,11 +272,37 @@ impl Cluster {
         f: impl FnOnce(&crate::raw::Image<'_>) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
         check_image_name(op, pool, name)?;
+        let guard = if read_only {
+            None
+        } else {
+            Some(self.claim_image(op, pool, name)?)
+        };
         let name = name.to_string();
         self.with_pool(op, pool, format!("{pool}/{name}"), move |io| {
+            let _guard = guard;
             f(&io.open(&name, read_only)?)
         })
         .await
+    }
+
+    /// Marks `pool/name` as having a changing operation in flight until the guard is dropped
+    /// (by the blocking call itself, so also after our deadline gave up waiting for it).
+    ///
+    /// A second changing operation on the same image meanwhile is refused with
+    /// [`Error::InProgress`]: two handles of one process on one image would contend for its
+    /// exclusive lock, and librbd does not survive one of them closing mid-request.
+    fn claim_image(&self, op: &'static str, pool: &str, name: &str) -> Result<InFlight, Error> {
+        let key = format!("{}|{pool}/{name}", self.monitors);
+        let mut set = in_flight()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !set.insert(key.clone()) {
+            return Err(Error::InProgress {
+                op,
+                target: format!("{pool}/{name}"),
+            });
+        }
+        Ok(InFlight(key))
     }
 
     /// Creates an image of `size` bytes.
@@ -272,8 +317,10 @@ impl Cluster {
         if let Some(f) = opts.features {
             f.validate()?;
         }
+        let guard = self.claim_image("create image", pool, name)?;
         let (name, opts) = (name.to_string(), opts.clone());
         self.with_pool("create image", pool, format!("{pool}/{name}"), move |io| {
+            let _guard = guard;
             io.create_image(&name, size, &opts)
         })
         .await
@@ -307,9 +354,11 @@ impl Cluster {
     /// mapped or open elsewhere, and with [`Error::NotFound`] when it does not exist.
     pub async fn remove_image(&self, pool: &str, name: &str) -> Result<(), Error> {
         check_image_name("remove image", pool, name)?;
+        let guard = self.claim_image("remove image", pool, name)?;
         let name = name.to_string();
         let target = format!("{pool}/{name}");
         self.with_pool("remove image", pool, target.clone(), move |io| {
+            let _guard = guard;
             // librbd answers EBUSY when watched; ask first so the error can name the watchers.
             // An image that cannot be opened may be a partial one (a create killed midway:
             // id object, no header): rbd_remove still cleans that up, or says ENOENT.

@@ -47,6 +47,13 @@ pub enum Error {
     /// The image still has snapshots (`ENOTEMPTY`) or children.
     #[error("{op} {target}: image has snapshots or clones; remove them first")]
     HasDependents { op: &'static str, target: Target },
+    /// An earlier changing operation on this image, in this process, has not returned yet
+    /// (it outlived its deadline: Ceph is slow, or the image's lock holder died and its watch
+    /// has not expired). Retry later.
+    #[error(
+        "{op} {target}: an earlier operation on this image is still running (Ceph slow, or the image locked by a client that died); retry later"
+    )]
+    InProgress { op: &'static str, target: Target },
     /// Any other failure, with the raw errno.
     #[error("{op} {target}: {} (errno {errno})", errno_text(*errno))]
     Other {
@@ -129,6 +136,7 @@ impl Error {
             | Error::Timeout { op, .. }
             | Error::InvalidArgument { op, .. }
             | Error::HasDependents { op, .. }
+            | Error::InProgress { op, .. }
             | Error::Other { op, .. } => op,
         }
     }

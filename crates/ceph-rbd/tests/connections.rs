@@ -188,22 +188,52 @@ async fn an_osd_outage_times_out_and_the_pool_reconnects_after_recovery() {
         .await
         .unwrap();
 
+    /// Thaws the OSD on every path, also when an assertion fails (a frozen OSD would keep the
+    /// stuck librbd call, and so the test runtime, from ever finishing).
+    struct Thaw<'a>(&'a micro_ceph::MicroCeph);
+    impl Drop for Thaw<'_> {
+        fn drop(&mut self) {
+            self.0.pause_daemon("osd.0", false);
+        }
+    }
     assert!(owned.pause_daemon("osd.0", true));
+    let thaw = Thaw(&owned);
     let started = Instant::now();
-    let e = cluster.image_info(&owned.pool, &name).await.unwrap_err();
+    let e = cluster
+        .resize_image(&owned.pool, &name, 2 << 20, false)
+        .await
+        .unwrap_err();
     let took = started.elapsed();
-    assert!(owned.pause_daemon("osd.0", false));
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
     assert!(took < Duration::from_secs(6), "took {took:?}");
     assert!(!cluster.is_healthy());
+
+    // the timed-out resize is still blocked in librbd: no second handle may change that image
+    let e = cluster
+        .metadata_set(&owned.pool, &name, "k", "v")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InProgress { .. }), "{e:?}");
+    drop(thaw);
 
     let again = pool.get(&cfg).await.unwrap();
     assert!(
         !Arc::ptr_eq(&again, &cluster),
         "a broken connection was handed out again"
     );
+    // once the OSD answers, the stuck resize completes and the image is free again
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        match again.metadata_set(&owned.pool, &name, "k", "v").await {
+            Ok(()) => break,
+            Err(Error::InProgress { .. }) if Instant::now() < end => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
     assert_eq!(
         again.image_info(&owned.pool, &name).await.unwrap().size,
-        1 << 20
+        2 << 20
     );
 }

@@ -98,6 +98,8 @@ pub(crate) fn ceph_status(e: ceph_rbd::Error) -> Status {
         }
         E::PermissionDenied { .. } => Status::permission_denied(message),
         E::Timeout { .. } => Status::unavailable(message),
+        // the spec's code for "an operation is already pending for this volume"
+        E::InProgress { .. } => Status::aborted(message),
         E::InvalidArgument { .. } => Status::invalid_argument(message),
         E::Other { .. } => Status::internal(message),
     }
