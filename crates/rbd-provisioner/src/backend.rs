@@ -1,5 +1,6 @@
 //! The RBD backend of the provisioning library: `Provisioner` and `Expander` on ceph-rbd.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -139,42 +140,65 @@ impl RbdBackend {
             stripe_unit: params.stripe_unit,
             stripe_count: params.stripe_count,
         };
-        match cluster.create_image(pool, image, size, &opts).await {
-            Ok(()) => {
-                crashpoint::hit("after-image-create");
-                tracing::info!(pool = %pool, image, size, "image created");
-            }
-            Err(e) if e.is_already_exists() => {
-                let meta = cluster
-                    .metadata_list(pool, image)
-                    .await
-                    .map_err(ceph_error)?;
-                match ownership(&meta, &owner.pv) {
-                    Ownership::Ours => {
-                        tracing::info!(pool = %pool, image, "image already exists for this PV; reusing it");
-                        let info = cluster.image_info(pool, image).await.map_err(ceph_error)?;
-                        if info.size < size {
-                            cluster
-                                .resize_image(pool, image, size, false)
-                                .await
-                                .map_err(ceph_error)?;
-                        }
-                        return Ok(());
-                    }
-                    Ownership::Unrecorded => {
-                        tracing::warn!(pool = %pool, image, "image exists without an owner record; adopting it for this PV");
-                    }
-                    Ownership::Foreign(other) => {
-                        return Err(ProvisionError::final_error(format!(
-                            "image {pool}/{image} already exists and belongs to PV {} (claim {}); refusing to reuse it",
-                            other.pv, other.claim
-                        )));
-                    }
+        let mut recorded = BTreeMap::new();
+        let mut removed_partial = false;
+        loop {
+            match cluster.create_image(pool, image, size, &opts).await {
+                Ok(()) => {
+                    crashpoint::hit("after-image-create");
+                    tracing::info!(pool = %pool, image, size, "image created");
+                    break;
                 }
+                Err(e) if e.is_already_exists() => {
+                    recorded = match cluster.metadata_list(pool, image).await {
+                        Ok(meta) => meta,
+                        // A create killed midway leaves the id object but no header: no data,
+                        // and it can never be opened. Clean it up and create it properly.
+                        Err(e) if e.is_not_found() && !removed_partial => {
+                            tracing::warn!(pool = %pool, image, "found a partially created image (an earlier create was interrupted); removing it and creating it again");
+                            match cluster.remove_image(pool, image).await {
+                                Ok(()) => {}
+                                Err(e) if e.is_not_found() => {}
+                                Err(e) => return Err(ceph_error(e)),
+                            }
+                            removed_partial = true;
+                            continue;
+                        }
+                        Err(e) => return Err(ceph_error(e)),
+                    };
+                    match ownership(&recorded, &owner.pv) {
+                        Ownership::Ours => {
+                            tracing::info!(pool = %pool, image, "image already exists for this PV; reusing it");
+                            let info = cluster.image_info(pool, image).await.map_err(ceph_error)?;
+                            if info.size < size {
+                                cluster
+                                    .resize_image(pool, image, size, false)
+                                    .await
+                                    .map_err(ceph_error)?;
+                            }
+                        }
+                        Ownership::Unrecorded => {
+                            tracing::warn!(pool = %pool, image, "image exists without an owner record; adopting it for this PV");
+                        }
+                        Ownership::Foreign(other) => {
+                            return Err(ProvisionError::final_error(format!(
+                                "image {pool}/{image} already exists and belongs to PV {} (claim {}); refusing to reuse it",
+                                other.pv, other.claim
+                            )));
+                        }
+                    }
+                    break;
+                }
+                Err(e) => return Err(ceph_error(e)),
             }
-            Err(e) => return Err(ceph_error(e)),
         }
+        // Write what is missing of the owner record (all of it after a fresh create; the rest
+        // of it after a crash between two keys). The PV key goes last: an image counts as
+        // ours only once the whole record is there.
         for (key, value) in owner.entries() {
+            if recorded.get(key).map(String::as_str) == Some(value) {
+                continue;
+            }
             cluster
                 .metadata_set(pool, image, key, value)
                 .await

@@ -57,12 +57,13 @@ pub struct Owner {
 }
 
 impl Owner {
-    /// The metadata entries recording this owner.
+    /// The metadata entries recording this owner, in the order they are written: the PV key
+    /// last, so that a record cut short by a crash reads as no record (and is completed).
     pub fn entries(&self) -> [(&'static str, &str); 3] {
         [
-            (META_PV, &self.pv),
-            (META_CLAIM, &self.claim),
             (META_PROVISIONER, &self.provisioner),
+            (META_CLAIM, &self.claim),
+            (META_PV, &self.pv),
         ]
     }
 

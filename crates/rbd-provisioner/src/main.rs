@@ -36,21 +36,32 @@ fn init_logging(log: &LogArgs) {
     }
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() {
     let cli = Cli::parse_from(cli::normalise_args(std::env::args()));
     init_logging(&cli.log);
-    let result = match cli.command {
-        None => run::run(cli.provisioner).await,
-        Some(Command::Csi(args)) => csi::run(args).await,
-        Some(Command::Gc(args)) => gc::run(args).await,
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rbd-provisioner: starting the async runtime: {e}");
+            std::process::exit(1);
+        }
     };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    let result = runtime.block_on(async {
+        match cli.command {
+            None => run::run(cli.provisioner).await,
+            Some(Command::Csi(args)) => csi::run(args).await,
+            Some(Command::Gc(args)) => gc::run(args).await,
+        }
+    });
+    let code = match result {
+        Ok(()) => 0,
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("rbd-provisioner: {e:#}");
-            std::process::ExitCode::FAILURE
+            1
         }
-    }
+    };
+    // A librbd call stuck on an unreachable OSD must not keep the process from exiting (a
+    // runtime waits for its blocking threads when dropped): leave without waiting.
+    std::process::exit(code);
 }

@@ -154,10 +154,6 @@ async fn every_crash_point_followed_by_a_restart_converges() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a crash between two keys of the owner record leaves it incomplete for good \
-            (backend ensure_image reuses an image whose pv key matches without writing the \
-            claim and provisioner keys); gc filters on the provisioner key, so such an image \
-            is never reported as an orphan"]
 async fn an_owner_record_cut_between_its_keys_is_completed_after_restart() {
     let h = Harness::start().await;
     let prefix = unique_prefix("ok");
@@ -172,10 +168,6 @@ async fn an_owner_record_cut_between_its_keys_is_completed_after_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: an image whose create was killed midway (id object written, header not) makes \
-            create return EEXIST and open ENOENT: ensure_image fails with 'open image ...: not \
-            found' forever and the claim stays Pending; removing the partial image (rbd_remove \
-            handles it) and creating again fixes it"]
 async fn partial_image_left_by_a_create_killed_midway_is_replaced() {
     let h = Harness::start().await;
     let prefix = unique_prefix("pi");
