@@ -84,9 +84,6 @@ fn c_text(buf: &[u8]) -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Seconds after which the OSDs drop the watch of a client that stopped pinging.
-const WATCH_TIMEOUT_SECS: u32 = 15;
-
 /// A connected cluster handle (`rados_t`).
 pub(crate) struct Rados {
     handle: ffi::rados_t,
@@ -124,10 +121,6 @@ impl Rados {
             // timing out under it (it asserts on close), so a stuck OSD op is bounded by the
             // async layer's deadline instead, and completes or fails on its own later.
             ("rados_mon_op_timeout", secs(cfg.op_timeout)),
-            // Watches of a client that died (a killed provisioner holding an image open) expire
-            // after this, not the default 30 s, so whoever needs that image next (to write
-            // metadata, resize or remove it) waits less. Keep-alive pings go every 5 s.
-            ("osd_client_watch_timeout", WATCH_TIMEOUT_SECS.to_string()),
             // a client in a container has no /var/run/ceph: no admin socket, no log file
             ("admin_socket", String::new()),
             ("log_file", String::new()),
