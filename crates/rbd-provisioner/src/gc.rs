@@ -25,7 +25,7 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 
 use crate::cli::KubeArgs;
-use crate::image::Owner;
+use crate::image::{META_CLAIM, META_PROVISIONER, Owner};
 use crate::params::Parameters;
 
 #[derive(Args, Debug, Clone)]
@@ -106,6 +106,17 @@ pub fn orphans(
                     Some(owner)
                 }
                 Some(_) => return None,
+                // A record cut short before its PV key (written last): the provisioner crashed
+                // before the PV could be saved, and no PV refers to the image.
+                None if facts.meta.get(META_PROVISIONER).map(String::as_str)
+                    == Some(rules.identity) =>
+                {
+                    Some(Owner {
+                        pv: String::new(),
+                        claim: facts.meta.get(META_CLAIM).cloned().unwrap_or_default(),
+                        provisioner: rules.identity.to_string(),
+                    })
+                }
                 None if rules
                     .unrecorded_prefix
                     .is_some_and(|p| image.starts_with(p)) =>
@@ -173,9 +184,11 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
     }
     println!("{:<20} {:<50} {:<45} CLAIM", "POOL", "IMAGE", "PV (gone)");
     for (o, _) in &found {
-        let (pv, claim) = o.owner.as_ref().map_or(("<no owner record>", ""), |w| {
-            (w.pv.as_str(), w.claim.as_str())
-        });
+        let (pv, claim) = match &o.owner {
+            None => ("<no owner record>", ""),
+            Some(w) if w.pv.is_empty() => ("<record cut short>", w.claim.as_str()),
+            Some(w) => (w.pv.as_str(), w.claim.as_str()),
+        };
         println!("{:<20} {:<50} {:<45} {claim}", o.pool, o.image, pv);
     }
     if !args.delete {
@@ -189,7 +202,7 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
     let mut failed = 0;
     for (o, cluster) in &found {
         // the PV may have been saved since the scan (a provisioning that was in flight)
-        if let Some(owner) = &o.owner
+        if let Some(owner) = o.owner.as_ref().filter(|w| !w.pv.is_empty())
             && volumes.get_opt(&owner.pv).await?.is_some()
         {
             println!(
@@ -342,6 +355,16 @@ mod tests {
                     created: now - old,
                 },
             ),
+            (
+                "cut-short".to_string(),
+                ImageFacts {
+                    meta: BTreeMap::from([(
+                        META_PROVISIONER.to_string(),
+                        "ceph.com/rbd".to_string(),
+                    )]),
+                    created: now - old,
+                },
+            ),
         ]);
         let pvs = BTreeSet::from(["pvc-live".to_string()]);
         let referenced = BTreeSet::from([("rbd".to_string(), "used".to_string())]);
@@ -354,12 +377,12 @@ mod tests {
         let names = |found: Vec<Orphan>| found.into_iter().map(|o| o.image).collect::<Vec<_>>();
         assert_eq!(
             names(orphans("rbd", &images, &pvs, &referenced, &rules)),
-            vec!["gone"]
+            vec!["cut-short", "gone"]
         );
         rules.unrecorded_prefix = Some("kubernetes-dynamic-pvc-");
         assert_eq!(
             names(orphans("rbd", &images, &pvs, &referenced, &rules)),
-            vec!["gone", "kubernetes-dynamic-pvc-x"]
+            vec!["cut-short", "gone", "kubernetes-dynamic-pvc-x"]
         );
         rules.min_age = Duration::ZERO;
         assert!(
