@@ -76,9 +76,13 @@ async fn every_crash_point_followed_by_a_restart_converges() {
     let mut all = Vec::new();
 
     // provision side: a burst of 6 claims per step, the abort at the 3rd hit
-    for (step, expect_image_without_pv) in
-        [("after-image-create", true), ("after-image-metadata", true)]
-    {
+    for (step, expect_image_without_pv) in [
+        ("after-image-create", true),
+        ("after-image-metadata", true),
+        // the provisioning library's steps (Config::step_hook)
+        ("before-pv-save", true),
+        ("after-pv-save", false),
+    ] {
         let names = claim_names(&format!("cc-{step}"), 6);
         h.create_claims("rbd", &names, "8Mi").await;
         let mut p = spawn_crashing(&h, &prefix, &format!("{step}:3"));

@@ -79,9 +79,11 @@ impl Drop for Process {
 }
 
 fn unsafe_term(pid: u32) {
+    // quiet: the process may have exited already (a crash point)
     let _ = Command::new("kill")
         .arg("-TERM")
         .arg(pid.to_string())
+        .stderr(Stdio::null())
         .status();
 }
 
