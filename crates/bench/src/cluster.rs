@@ -179,7 +179,7 @@ async fn wait_leader(client: &Client, provisioner: &mut Proc) -> anyhow::Result<
             bail!(
                 "the provisioner did not take the lease within 60 s; log {}:\n{}",
                 provisioner.log.display(),
-                crate::procs::log_tail(&provisioner.log, 30)
+                crate::procs::log_tail(&provisioner.log, 10)
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -71,6 +71,14 @@ struct Args {
     /// Extra environment for the provisioner (experiments, e.g. MALLOC_ARENA_MAX=2); repeatable.
     #[arg(long = "provisioner-env", value_name = "KEY=VALUE", value_parser = parse_env)]
     provisioner_env: Vec<(String, String)>,
+    /// Extra provisioner flag for every run (experiments; the figures then say so); repeatable,
+    /// e.g. `--provisioner-arg=--leader-election-renew-deadline=45s`.
+    #[arg(
+        long = "provisioner-arg",
+        value_name = "FLAG",
+        allow_hyphen_values = true
+    )]
+    provisioner_args: Vec<String>,
     /// Run `cargo bench -p ceph-rbd --bench ops` first (else its last JSON is read).
     #[arg(long)]
     ceph_bench: bool,
@@ -163,6 +171,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         } else {
             Vec::new()
         };
+        let extra: Vec<String> = extra
+            .into_iter()
+            .chain(args.provisioner_args.iter().cloned())
+            .collect();
         let tag = format!("{i}-{profile}-{n}");
         eprintln!("run {tag}: starting emulator and provisioner");
         let mut env =
@@ -243,6 +255,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         "size": args.size,
         "concurrency": args.concurrency,
         "incumbent_args": INCUMBENT_ARGS,
+        "provisioner_extra_args": args.provisioner_args,
         "provisioner_env": args.provisioner_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
         "runs": runs,
         "failed_runs": failures,

@@ -110,7 +110,7 @@ impl Proc {
                 "{} exited early ({status}); log {}:\n{}",
                 self.name,
                 self.log.display(),
-                log_tail(&self.log, 30)
+                log_tail(&self.log, 5)
             );
         }
         Ok(())
@@ -147,9 +147,27 @@ impl Drop for Proc {
 
 /// The last `lines` lines of a log file.
 pub fn log_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text = strip_ansi(&std::fs::read_to_string(path).unwrap_or_default());
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Drops terminal colour sequences (`ESC [ ... m`) from a log.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Resource figures of a process at one moment.
