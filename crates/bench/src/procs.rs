@@ -259,3 +259,23 @@ impl Drop for AnonPeak {
         self.task.abort();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_this_process() {
+        let s = sample(std::process::id()).unwrap();
+        assert!(s.rss > 0 && s.peak_rss >= s.rss && s.rss_anon > 0);
+        assert!(s.threads >= 1);
+    }
+
+    #[test]
+    fn colour_codes_are_stripped() {
+        assert_eq!(
+            strip_ansi("\u{1b}[2mts\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m x"),
+            "ts  INFO x"
+        );
+    }
+}

@@ -268,3 +268,28 @@ pub fn checks_text(checks: &[Check]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        let p = Percentiles::of(v);
+        assert_eq!(p.count, 100);
+        assert!((p.p50_s - 0.050).abs() < 1e-9);
+        assert!((p.p95_s - 0.095).abs() < 1e-9);
+        assert!((p.p99_s - 0.099).abs() < 1e-9);
+        assert!((p.max_s - 0.100).abs() < 1e-9);
+        assert_eq!(Percentiles::of(Vec::new()).count, 0);
+    }
+
+    #[test]
+    fn a_missed_target_says_by_how_much() {
+        let c = check_max("x <= 10 s", 14.0, 10.0, "s");
+        assert!(!c.met);
+        assert_eq!(c.gap.as_deref(), Some("4.00 s over (40% above)"));
+        assert!(check_max("x <= 10 s", 9.0, 10.0, "s").met);
+    }
+}
