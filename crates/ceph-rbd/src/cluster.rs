@@ -353,6 +353,27 @@ impl Cluster {
     /// Removes an image. Refuses with [`Error::InUse`] (naming the watchers) while the image is
     /// mapped or open elsewhere, and with [`Error::NotFound`] when it does not exist.
     pub async fn remove_image(&self, pool: &str, name: &str) -> Result<(), Error> {
+        match self.remove_image_checked(pool, name, |_| Ok(())).await? {
+            Ok(()) => Ok(()),
+            // the check above never refuses
+            Err(reason) => Err(Error::invalid(
+                "remove image",
+                format!("{pool}/{name}"),
+                reason,
+            )),
+        }
+    }
+
+    /// Removes an image if `check` accepts its metadata (e.g. the owner record), reading the
+    /// metadata and the watchers with one open. `Ok(Err(reason))` when `check` refused; the
+    /// other outcomes as [`Cluster::remove_image`]. A partial image (no header) has no metadata:
+    /// `check` sees an empty map.
+    pub async fn remove_image_checked(
+        &self,
+        pool: &str,
+        name: &str,
+        check: impl FnOnce(&BTreeMap<String, String>) -> Result<(), String> + Send + 'static,
+    ) -> Result<Result<(), String>, Error> {
         check_image_name("remove image", pool, name)?;
         let guard = self.claim_image("remove image", pool, name)?;
         let name = name.to_string();
@@ -362,11 +383,14 @@ impl Cluster {
             // librbd answers EBUSY when watched; ask first so the error can name the watchers.
             // An image that cannot be opened may be a partial one (a create killed midway:
             // id object, no header): rbd_remove still cleans that up, or says ENOENT.
-            let watchers = match io.open(&name, true) {
-                Ok(img) => img.watchers()?,
-                Err(e) if e.is_not_found() => Vec::new(),
+            let (meta, watchers) = match io.open(&name, true) {
+                Ok(img) => (img.metadata_list()?, img.watchers()?),
+                Err(e) if e.is_not_found() => (BTreeMap::new(), Vec::new()),
                 Err(e) => return Err(e),
             };
+            if let Err(reason) = check(&meta) {
+                return Ok(Err(reason));
+            }
             if !watchers.is_empty() {
                 return Err(Error::InUse {
                     op: "remove image",
@@ -374,7 +398,7 @@ impl Cluster {
                     watchers: watchers.into_iter().map(|w| w.address).collect(),
                 });
             }
-            io.remove_image(&name)
+            io.remove_image(&name).map(Ok)
         })
         .await
     }
@@ -442,6 +466,28 @@ impl Cluster {
         let (key, value) = (key.to_string(), value.to_string());
         self.with_image("set image metadata", pool, name, false, move |img| {
             img.metadata_set(&key, &value)
+        })
+        .await
+    }
+
+    /// Sets several metadata keys, in order, with one open of the image (each open copies
+    /// librbd's whole configuration: one open instead of one per key matters at scale).
+    /// `after_each` is called with each key once it is written (fault-injection hook).
+    pub async fn metadata_set_many(
+        &self,
+        pool: &str,
+        name: &str,
+        entries: Vec<(String, String)>,
+        after_each: Option<fn(&str)>,
+    ) -> Result<(), Error> {
+        self.with_image("set image metadata", pool, name, false, move |img| {
+            for (key, value) in &entries {
+                img.metadata_set(key, value)?;
+                if let Some(hook) = after_each {
+                    hook(key);
+                }
+            }
+            Ok(())
         })
         .await
     }

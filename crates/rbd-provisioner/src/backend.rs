@@ -195,15 +195,17 @@ impl RbdBackend {
         // Write what is missing of the owner record (all of it after a fresh create; the rest
         // of it after a crash between two keys). The PV key goes last: an image counts as
         // ours only once the whole record is there.
-        for (key, value) in owner.entries() {
-            if recorded.get(key).map(String::as_str) == Some(value) {
-                continue;
-            }
+        let missing: Vec<(String, String)> = owner
+            .entries()
+            .iter()
+            .filter(|(key, value)| recorded.get(*key).map(String::as_str) != Some(*value))
+            .map(|(key, value)| ((*key).to_string(), (*value).to_string()))
+            .collect();
+        if !missing.is_empty() {
             cluster
-                .metadata_set(pool, image, key, value)
+                .metadata_set_many(pool, image, missing, Some(owner_key_written))
                 .await
                 .map_err(ceph_error)?;
-            crashpoint::hit("after-image-owner-key");
         }
         crashpoint::hit("after-image-metadata");
         Ok(())
@@ -274,6 +276,11 @@ impl RbdBackend {
             params.admin_id,
         ))
     }
+}
+
+/// Called by ceph-rbd after each owner key is written (crash point between keys).
+fn owner_key_written(_key: &str) {
+    crashpoint::hit("after-image-owner-key");
 }
 
 /// Ceph errors while provisioning: a timeout may hide a create that happened.
@@ -358,28 +365,31 @@ impl Provisioner for RbdBackend {
             .await
             .map_err(DeleteError::failed)?;
         let (pool, image) = (&location.pool, &location.image);
-        match cluster.metadata_list(pool, image).await {
-            Ok(meta) => {
-                if let Ownership::Foreign(other) = ownership(&meta, &pv_name) {
-                    return Err(DeleteError::failed(format!(
-                        "image {pool}/{image} belongs to PV {} (claim {}), not {pv_name}; refusing to delete it",
-                        other.pv, other.claim
-                    )));
-                }
-            }
-            Err(e) if e.is_not_found() => {
-                tracing::info!(pv = %pv_name, pool = %pool, image = %image, "image already gone");
-                return Ok(());
-            }
-            Err(e) => return Err(DeleteError::failed(e)),
-        }
-        match cluster.remove_image(pool, image).await {
-            Ok(()) => {
+        // one open reads the owner record and the watchers before the removal
+        let pv = pv_name.clone();
+        let refuse_foreign = move |meta: &BTreeMap<String, String>| match ownership(meta, &pv) {
+            Ownership::Foreign(other) => Err(format!(
+                "belongs to PV {} (claim {}), not {pv}; refusing to delete it",
+                other.pv, other.claim
+            )),
+            Ownership::Ours | Ownership::Unrecorded => Ok(()),
+        };
+        match cluster
+            .remove_image_checked(pool, image, refuse_foreign)
+            .await
+        {
+            Ok(Ok(())) => {
                 crashpoint::hit("after-image-remove");
                 tracing::info!(pv = %pv_name, pool = %pool, image = %image, "image removed");
                 Ok(())
             }
-            Err(e) if e.is_not_found() => Ok(()),
+            Ok(Err(reason)) => Err(DeleteError::failed(format!(
+                "image {pool}/{image} {reason}"
+            ))),
+            Err(e) if e.is_not_found() => {
+                tracing::info!(pv = %pv_name, pool = %pool, image = %image, "image already gone");
+                Ok(())
+            }
             Err(e) => Err(DeleteError::failed(e)),
         }
     }

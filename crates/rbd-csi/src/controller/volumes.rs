@@ -90,19 +90,16 @@ pub(super) async fn create(
         tracing::info!(name, pool, image = %image, size, "volume created");
         size
     };
-    let mut owner = vec![
-        (META_PV, name),
-        (META_PROVISIONER, ctl.driver_name.as_str()),
-    ];
+    // one open for the whole record, the PV key last (a record cut short reads as none)
+    let mut owner = vec![(META_PROVISIONER.to_owned(), ctl.driver_name.clone())];
     if let Some(claim) = &params.claim {
-        owner.push((META_CLAIM, claim.as_str()));
+        owner.push((META_CLAIM.to_owned(), claim.clone()));
     }
-    for (k, v) in owner {
-        cluster
-            .metadata_set(pool, &image, k, v)
-            .await
-            .map_err(ceph_status)?;
-    }
+    owner.push((META_PV.to_owned(), name.to_owned()));
+    cluster
+        .metadata_set_many(pool, &image, owner, None)
+        .await
+        .map_err(ceph_status)?;
 
     let mut volume_context = HashMap::from([
         (context::MONITORS.to_owned(), params.monitors.clone()),
