@@ -24,7 +24,7 @@ const PV_CONTROLLER: &str = "persistentvolume-controller";
 
 /// The claims a pod uses (`spec.volumes[].persistentVolumeClaim.claimName`).
 pub(crate) fn pod_claims(pod: &Value) -> Vec<String> {
-    pod.pointer("/spec/volumes")
+    crate::util::at(pod, "/spec/volumes")
         .and_then(Value::as_array)
         .map(|vols| {
             vols.iter()
@@ -172,7 +172,7 @@ impl Controller {
         let Some(pv) = self.store.get(PVS, "", &volume_name) else {
             return;
         };
-        let free = pv.pointer("/spec/claimRef").is_none_or(Value::is_null);
+        let free = crate::util::at(&pv, "/spec/claimRef").is_none_or(Value::is_null);
         if free || prebound_to(&pv, claim) {
             self.bind(claim, &pv, false);
         }
@@ -238,7 +238,9 @@ impl Controller {
             .pointer("/spec/accessModes")
             .cloned()
             .unwrap_or(json!([]));
-        let capacity = pv.pointer("/spec/capacity").cloned().unwrap_or(json!({}));
+        let capacity = crate::util::at(pv, "/spec/capacity")
+            .cloned()
+            .unwrap_or(json!({}));
         self.modify(PVCS, util::ns_of(&claim), util::name_of(&claim), |c| {
             c["status"]["phase"] = json!("Bound");
             c["status"]["accessModes"] = access_modes;

@@ -26,7 +26,7 @@ fn strings(v: Option<&Value>) -> Vec<&str> {
 
 /// The claim's `spec.selector` as a label selector (`None`: matches nothing, e.g. bad syntax).
 fn claim_selector(claim: &Value) -> Option<LabelSelector> {
-    let Some(sel) = claim.pointer("/spec/selector").filter(|s| !s.is_null()) else {
+    let Some(sel) = crate::util::at(claim, "/spec/selector").filter(|s| !s.is_null()) else {
         return Some(LabelSelector::default());
     };
     let mut parts = Vec::new();
@@ -60,15 +60,15 @@ pub(super) fn best_static_match(claim: &Value, volumes: Vec<Arc<Value>>) -> Opti
         .and_then(quantity::parse)
         .map(|q| q.value)?;
     let selector = claim_selector(claim)?;
-    let wanted_modes = strings(claim.pointer("/spec/accessModes"));
+    let wanted_modes = strings(crate::util::at(claim, "/spec/accessModes"));
     volumes
         .into_iter()
-        .filter(|pv| pv.pointer("/spec/claimRef").is_none_or(Value::is_null))
+        .filter(|pv| crate::util::at(pv, "/spec/claimRef").is_none_or(Value::is_null))
         .filter(|pv| !is_terminating(pv))
         .filter(|pv| !matches!(str_at(pv, "/status/phase"), Some("Released" | "Failed")))
         .filter(|pv| class_of(pv) == class_of(claim) && mode_of(pv) == mode_of(claim))
         .filter(|pv| {
-            let have = strings(pv.pointer("/spec/accessModes"));
+            let have = strings(crate::util::at(pv, "/spec/accessModes"));
             wanted_modes.iter().all(|m| have.contains(m))
         })
         .filter(|pv| selector.is_empty() || selector.matches(pv))

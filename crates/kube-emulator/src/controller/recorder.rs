@@ -19,13 +19,16 @@ fn involved(obj: &Value) -> Value {
     let mut r = serde_json::Map::new();
     for (k, v) in [
         ("kind", obj.get("kind").cloned()),
-        ("namespace", obj.pointer("/metadata/namespace").cloned()),
-        ("name", obj.pointer("/metadata/name").cloned()),
-        ("uid", obj.pointer("/metadata/uid").cloned()),
+        (
+            "namespace",
+            crate::util::at(obj, "/metadata/namespace").cloned(),
+        ),
+        ("name", crate::util::at(obj, "/metadata/name").cloned()),
+        ("uid", crate::util::at(obj, "/metadata/uid").cloned()),
         ("apiVersion", obj.get("apiVersion").cloned()),
         (
             "resourceVersion",
-            obj.pointer("/metadata/resourceVersion").cloned(),
+            crate::util::at(obj, "/metadata/resourceVersion").cloned(),
         ),
     ] {
         if let Some(v) = v {

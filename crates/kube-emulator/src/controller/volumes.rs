@@ -40,7 +40,7 @@ impl Controller {
                 util::set_finalizers(v, f);
             });
         }
-        let claim_ref = pv.pointer("/spec/claimRef").filter(|c| !c.is_null());
+        let claim_ref = crate::util::at(&pv, "/spec/claimRef").filter(|c| !c.is_null());
         let Some(claim_ref) = claim_ref else {
             if matches!(str_at(&pv, "/status/phase"), None | Some("Pending")) {
                 self.modify(PVS, "", name, |v| set_phase(v, "Available"));
