@@ -51,7 +51,7 @@ pub enum Error {
     /// (it outlived its deadline: Ceph is slow, or the image's lock holder died and its watch
     /// has not expired). Retry later.
     #[error(
-        "{op} {target}: an earlier operation on this image is still running (Ceph slow, or the image locked by a client that died); retry later"
+        "{op} {target}: an earlier operation on this image is still running: Ceph has not answered it (slow or unreachable), or the image is locked by a client that died; retry later"
     )]
     InProgress { op: &'static str, target: Target },
     /// Any other failure, with the raw errno.
