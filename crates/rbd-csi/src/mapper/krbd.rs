@@ -5,11 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::secret_file::SecretFile;
-use super::{
-    ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind, parse_device_output, redact_exec,
-};
-use crate::exec;
+use super::{ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind};
 
 /// `rbd map` / `rbd unmap`.
 #[derive(Debug, Clone)]
@@ -69,27 +65,20 @@ impl Mapper for KrbdMapper {
     }
 
     async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError> {
-        let keyfile = SecretFile::create(&self.key_dir, "krbd", key.expose())
-            .map_err(|e| MapError::io("writing key file in", self.key_dir.display(), e))?;
-        let args = map_args(image, keyfile.path(), self.map_options.as_deref());
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = exec::run(&self.program, &argv)
-            .await
-            .map_err(|e| redact_exec(e, key))?;
-        drop(keyfile);
-        Ok(MappedDevice {
-            mounter: MounterKind::Krbd,
-            device: parse_device_output("rbd", &out.stdout)?,
-            fuse: None,
-        })
+        let options = self.map_options.as_deref();
+        super::cli::map(
+            &self.program,
+            "rbd",
+            MounterKind::Krbd,
+            &self.key_dir,
+            key,
+            |keyfile| map_args(image, keyfile, options),
+        )
+        .await
     }
 
     async fn unmap(&self, mapped: &MappedDevice) -> Result<(), MapError> {
-        if !mapped.device.exists() {
-            return Ok(());
-        }
-        exec::run(&self.program, &["unmap", &mapped.device.to_string_lossy()]).await?;
-        Ok(())
+        super::cli::unmap(&self.program, mapped).await
     }
 }
 

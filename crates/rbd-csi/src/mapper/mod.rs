@@ -13,6 +13,7 @@
 //! private runtime directory (tmpfs in a real deployment), created `0600`, removed when no longer
 //! needed ([`secret_file`]).
 
+mod cli;
 pub mod fuse_loop;
 pub mod krbd;
 pub mod loop_device;
