@@ -88,6 +88,11 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
         RESIZING,
         &format!("External resizer is resizing volume {volume_name}"),
     );
+    if let Err(error) = mark_resizing(shared, &claim, requested).await {
+        // Informational only (the external-resizer's `Resizing` condition): the resize itself
+        // goes on, and the final status write replaces these fields anyway.
+        tracing::warn!(claim = %claim.name_any(), %error, "could not mark the claim as resizing");
+    }
     let started = Instant::now();
     let outcome = match expander.expand(&volume, requested).await {
         Ok(outcome) if outcome.capacity_bytes >= requested => outcome,
@@ -190,6 +195,47 @@ async fn raise_volume_capacity(
         &volume.name_any(),
         &PatchParams::default(),
         &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// What the external-resizer writes when it starts: the `Resizing` condition,
+/// `allocatedResources` = the requested size and `ControllerResizeInProgress`.
+async fn mark_resizing(
+    shared: &Shared,
+    claim: &PersistentVolumeClaim,
+    requested: u64,
+) -> Result<(), kube::Error> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(
+        shared.client.clone(),
+        claim.meta().namespace.as_deref().unwrap_or("default"),
+    );
+    // Merge patches replace lists: keep the conditions that are not ours.
+    let mut conditions: Vec<serde_json::Value> = claim
+        .status
+        .as_ref()
+        .and_then(|status| status.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_ != CONDITION_RESIZING)
+        .filter_map(|c| serde_json::to_value(c).ok())
+        .collect();
+    conditions.push(serde_json::json!({
+        "type": CONDITION_RESIZING,
+        "status": "True",
+        "lastProbeTime": null,
+        "lastTransitionTime": Time(Timestamp::now()),
+    }));
+    let status = serde_json::json!({
+        "conditions": conditions,
+        "allocatedResources": { "storage": quantity::quantity(requested) },
+        "allocatedResourceStatuses": { "storage": "ControllerResizeInProgress" },
+    });
+    api.patch_status(
+        &claim.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "status": status })),
     )
     .await
     .map(|_| ())

@@ -163,9 +163,10 @@ async fn expansion_interrupted_after_volume_grew_converges() {
     let controller = start(client.clone(), config(), backend.clone(), true);
     let (_, volume) = provisioned_claim(&client, "data", "grow").await;
     let pv_name = volume.metadata.name.clone().unwrap();
-    // The PV capacity write succeeds, the claim status write fails: a half-done resize.
+    // The PV capacity write succeeds, the claim status writes fail (the `Resizing` mark, which
+    // is informational, and the final one): a half-done resize.
     emu.faults()
-        .fail_next("patch", "persistentvolumeclaims/status", 1, 500);
+        .fail_next("patch", "persistentvolumeclaims/status", 2, 500);
     request(&client, "data", "2Gi").await;
     wait_for_event(
         &client,
@@ -193,5 +194,32 @@ async fn expansion_interrupted_after_volume_grew_converges() {
         "the idempotent expand is repeated, nothing else"
     );
     assert_eq!(backend.volumes.lock().unwrap()[&pv_name], 2 * GI);
+    controller.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_resize_in_progress_shows_on_the_claim_as_the_external_resizer_marks_it() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "grow", expandable()).await;
+    let backend = FakeBackend::new();
+    backend.fail_expands(usize::MAX);
+    let controller = start(client.clone(), config(), backend.clone(), true);
+    provisioned_claim(&client, "data", "grow").await;
+    request(&client, "data", "5Gi").await;
+
+    wait_for_event(&client, "data", "VolumeResizeFailed", "pool is full").await;
+    let claim = wait_for(&claims(&client), "data", "marked resizing", |c| {
+        has_condition(c, provisioner::resize::CONDITION_RESIZING)
+    })
+    .await;
+    assert_eq!(claim_capacity_bytes(&claim), Some(GI), "not resized yet");
+    let status = claim.status.unwrap();
+    assert_eq!(
+        status.allocated_resource_statuses.unwrap()["storage"],
+        "ControllerResizeInProgress"
+    );
+    assert_eq!(status.allocated_resources.unwrap()["storage"].0, "5Gi");
     controller.stop().await.unwrap();
 }
