@@ -91,7 +91,10 @@ impl MicroCeph {
     /// Starts a new cluster owned by the caller; it is stopped when the value is dropped.
     pub fn start() -> Result<MicroCeph, Error> {
         let (mon_port, lock) = claim_port()?;
-        let dir = std::env::temp_dir().join(format!("micro-ceph-test-{mon_port}"));
+        // The pid makes the directory this process's own: a guardian left by an earlier test
+        // binary that used the same port stops only that binary's cluster, never ours.
+        let dir =
+            std::env::temp_dir().join(format!("micro-ceph-test-{mon_port}-{}", std::process::id()));
         let scripts = scripts_dir();
         let out = Command::new(scripts.join("micro-ceph.sh"))
             .arg(&dir)
