@@ -114,6 +114,9 @@ fn delete_options(ctx: &Ctx) -> Result<Value, ApiError> {
     if ctx.body.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
     }
+    if ctx.header("content-type").contains("protobuf") {
+        return super::protobuf::decode_request(&ctx.body);
+    }
     serde_json::from_slice(&ctx.body).map_err(|e| {
         ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
     })

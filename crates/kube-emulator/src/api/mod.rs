@@ -4,6 +4,7 @@
 mod delete;
 mod discovery;
 mod faults_http;
+mod protobuf;
 mod read;
 mod table;
 mod watch;

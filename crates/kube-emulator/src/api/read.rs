@@ -58,7 +58,7 @@ pub(super) fn unknown_warnings(ctx: &Ctx, unknown: &[String]) -> Vec<String> {
 pub(super) fn parse_body(ctx: &Ctx) -> Result<Value, ApiError> {
     let ct = ctx.header("content-type");
     if ct.contains("protobuf") {
-        return Err(ApiError::unsupported_media_type());
+        return super::protobuf::decode_request(&ctx.body);
     }
     if ct.contains("yaml") {
         return serde_yaml::from_slice(&ctx.body).map_err(|e| {
