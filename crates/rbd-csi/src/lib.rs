@@ -36,6 +36,7 @@ pub mod proto;
 pub mod registration;
 pub mod server;
 pub mod status;
+pub mod validate;
 pub mod volume;
 
 pub use config::{CsiConfig, DEFAULT_DRIVER_NAME, ProbeCluster, Services};

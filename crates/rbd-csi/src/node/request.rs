@@ -10,6 +10,7 @@ use crate::proto::csi::VolumeCapability;
 use crate::proto::csi::volume_capability::AccessType;
 use crate::proto::csi::volume_capability::access_mode::Mode;
 use crate::status::require_some;
+use crate::validate;
 use crate::volume::{VolumeId, context};
 
 /// How the workload accesses the volume.
@@ -78,15 +79,23 @@ pub struct StageParams {
 }
 
 fn first<'a>(map: &'a HashMap<String, String>, keys: &[&str]) -> Option<&'a str> {
+    first_entry(map, keys).map(|(_, v)| v)
+}
+
+/// The first of `keys` with a non-empty value, and that value.
+fn first_entry<'a, 'k>(
+    map: &'a HashMap<String, String>,
+    keys: &[&'k str],
+) -> Option<(&'k str, &'a str)> {
     keys.iter()
-        .filter_map(|k| map.get(*k))
-        .map(String::as_str)
-        .find(|v| !v.is_empty())
+        .filter_map(|k| map.get(*k).map(|v| (*k, v.as_str())))
+        .find(|(_, v)| !v.is_empty())
 }
 
 /// Image, mapper and key of a `NodeStageVolume` call: location from `volume_context` (falling back
 /// to the volume ID), user from the context or the secret (`userID`, `adminId`; default `admin`),
-/// key from the secret (`userKey`, or `key` as in the in-tree plugin's secrets).
+/// key from the secret (`userKey`, or `key` as in the in-tree plugin's secrets). Every value is
+/// checked against its safe character set ([`crate::validate`]) wherever it came from.
 ///
 /// # Errors
 /// `INVALID_ARGUMENT` naming what is missing or malformed.
@@ -97,31 +106,49 @@ pub fn stage_params(
     default_mounter: MounterKind,
 ) -> Result<StageParams, Status> {
     let parsed = VolumeId::parse(volume_id).ok();
-    let pick = |key: &str, from_id: Option<&str>| -> Result<String, Status> {
-        first(volume_context, &[key])
-            .or(from_id)
-            .map(str::to_owned)
+    // The value and the field it came from (for the message if it is malformed).
+    let pick = |key: &str, from_id: Option<&str>| -> Result<(String, String), Status> {
+        if let Some(value) = first(volume_context, &[key]) {
+            return Ok((value.to_owned(), format!("volume_context.{key}")));
+        }
+        from_id
+            .map(|value| (value.to_owned(), format!("volume_id {volume_id:?} ({key})")))
             .ok_or_else(|| {
                 Status::invalid_argument(format!(
                     "volume_context.{key} is required (volume id {volume_id:?} does not carry it)"
                 ))
             })
     };
-    let monitors = pick(
+    let check = |result: Result<(), String>| result.map_err(Status::invalid_argument);
+    let (monitors, field) = pick(
         context::MONITORS,
         parsed.as_ref().map(|p| p.monitors.as_str()),
     )?;
-    let pool = pick(context::POOL, parsed.as_ref().map(|p| p.pool.as_str()))?;
-    let image = pick(context::IMAGE, parsed.as_ref().map(|p| p.image.as_str()))?;
-    let user = first(volume_context, &[context::USER])
-        .or_else(|| first(secrets, &["userID", "adminId", "adminID"]))
-        .unwrap_or("admin")
-        .to_owned();
-    let key = first(secrets, &["userKey", "key"])
-        .map(Key::new)
+    check(validate::monitors(&field, &monitors))?;
+    let (pool, field) = pick(context::POOL, parsed.as_ref().map(|p| p.pool.as_str()))?;
+    check(validate::pool(&field, &pool))?;
+    let (image, field) = pick(context::IMAGE, parsed.as_ref().map(|p| p.image.as_str()))?;
+    check(validate::image(&field, &image))?;
+    let user = match first(volume_context, &[context::USER]) {
+        Some(user) => {
+            check(validate::user("volume_context.userID", user))?;
+            user
+        }
+        None => match first_entry(secrets, &["userID", "adminId", "adminID"]) {
+            Some((key, user)) => {
+                check(validate::user(&format!("secrets.{key}"), user))?;
+                user
+            }
+            None => "admin",
+        },
+    }
+    .to_owned();
+    let (key_field, key) = first_entry(secrets, &["userKey", "key"])
         .ok_or_else(|| Status::invalid_argument("secrets.userKey (or secrets.key) is required"))?;
+    check(validate::key(&format!("secrets.{key_field}"), key))?;
     let mounter = match first(volume_context, &[context::MOUNTER]) {
-        Some(value) => MounterKind::parse(value).map_err(Status::invalid_argument)?,
+        Some(value) => MounterKind::parse(value)
+            .map_err(|e| Status::invalid_argument(format!("volume_context.mounter: {e}")))?,
         None => default_mounter,
     };
     Ok(StageParams {
@@ -132,7 +159,7 @@ pub fn stage_params(
             user,
         },
         mounter,
-        key,
+        key: Key::new(key),
     })
 }
 
@@ -204,6 +231,58 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.message().contains("volume_context.monitors"));
+    }
+
+    #[test]
+    fn unsafe_locations_users_monitors_and_keys_name_their_field() {
+        type Pairs = &'static [(&'static str, &'static str)];
+        let key = map(&[("userKey", "AQB==")]);
+        let cases: [(&str, Pairs, Pairs, &str); 9] = [
+            (
+                "v1/m:1/p/i",
+                &[("imageName", "../../etc/shadow")],
+                &[],
+                "volume_context.imageName",
+            ),
+            ("v1/m:1/p/..", &[], &[], "volume_id"),
+            ("v1/m:1/p/i", &[("pool", "-o")], &[], "volume_context.pool"),
+            (
+                "v1/m:1/p/i",
+                &[("userID", "admin]\n[x")],
+                &[],
+                "volume_context.userID",
+            ),
+            ("v1/m:1/p/i", &[], &[("userID", "a b")], "secrets.userID"),
+            ("v1/m:1/p/i", &[], &[("adminId", "../a")], "secrets.adminId"),
+            (
+                "v1/m:1/p/i",
+                &[("monitors", "m:1\nkeyring = /etc/ceph/other")],
+                &[],
+                "volume_context.monitors",
+            ),
+            (
+                "v1/m:1/p/i",
+                &[],
+                &[("userKey", "AQB==\n[client.x]")],
+                "secrets.userKey",
+            ),
+            (
+                "v1/m:1/p/i",
+                &[("mounter", "iscsi")],
+                &[],
+                "volume_context.mounter",
+            ),
+        ];
+        for (id, ctx, secrets, field) in cases {
+            let mut secrets = map(secrets);
+            if !secrets.contains_key("userKey") {
+                secrets.extend(key.clone());
+            }
+            let err = stage_params(id, &map(ctx), &secrets, MounterKind::Krbd).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{field}");
+            assert!(err.message().contains(field), "{field}: {}", err.message());
+            assert!(!err.message().contains("AQB"), "{}", err.message());
+        }
     }
 
     #[test]
