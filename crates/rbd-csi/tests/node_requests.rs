@@ -323,7 +323,7 @@ impl Mapper for GateMapper {
             image: image.image.clone(),
         })
     }
-    async fn unmap(&self, _mapped: &MappedDevice) -> Result<(), MapError> {
+    async fn unmap(&self, _mapped: &MappedDevice, _image: &ImageSpec) -> Result<(), MapError> {
         Ok(())
     }
 }

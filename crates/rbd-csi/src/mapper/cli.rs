@@ -1,22 +1,40 @@
-//! What the two CLI mappers (`rbd map` for krbd, `rbd-nbd map`) share: the key goes to the
-//! helper in a private file removed right after the call (never on its command line), the helper
-//! prints the device it mapped, and unmapping a device that is already gone is a success.
+//! What the two CLI mappers (`rbd map` for krbd, `rbd-nbd map`) share: an image that is mapped
+//! already is not mapped again (its device is returned), the key goes to the helper in a private
+//! file removed right after the call (never on its command line), the helper prints the device it
+//! mapped, and unmapping touches only a device that still maps the image (a device that is gone
+//! is a success; one that now maps another image is left alone).
 
 use std::path::Path;
 
 use super::secret_file::SecretFile;
-use super::{Key, MapError, MappedDevice, MounterKind, parse_device_output, redact_exec};
+use super::{
+    ImageSpec, Key, MapError, MappedDevice, Mapping, MounterKind, device_to_unmap, find_mapping,
+    parse_device_output, redact_exec,
+};
 use crate::exec;
 
-/// Runs `program` with the arguments `args(keyfile)` builds and returns the device it printed.
+/// The device of an existing mapping of `image` (from `mappings`), else runs `program` with the
+/// arguments `args(keyfile)` builds and returns the device it printed.
+#[allow(clippy::too_many_arguments)] // one call site per mapper; a struct would only rename them
 pub(crate) async fn map(
     program: &str,
     display_name: &'static str,
     kind: MounterKind,
     key_dir: &Path,
     key: &Key,
+    image: &ImageSpec,
+    mappings: &[Mapping],
     args: impl FnOnce(&Path) -> Vec<String>,
 ) -> Result<MappedDevice, MapError> {
+    if let Some(existing) = find_mapping(mappings, image) {
+        tracing::info!(image = %image, device = %existing.device.display(), mounter = %kind,
+            "image is mapped already; reusing its device");
+        return Ok(MappedDevice {
+            mounter: kind,
+            device: existing.device.clone(),
+            fuse: None,
+        });
+    }
     let tag = match kind {
         MounterKind::Nbd => "nbd",
         MounterKind::Krbd | MounterKind::FuseLoop => "krbd",
@@ -36,11 +54,26 @@ pub(crate) async fn map(
     })
 }
 
-/// `program unmap DEVICE`, unless the device is gone already.
-pub(crate) async fn unmap(program: &str, mapped: &MappedDevice) -> Result<(), MapError> {
-    if !mapped.device.exists() {
-        return Ok(());
+/// `program unmap DEVICE` for the device that maps `image` according to `mappings` (the recorded
+/// one when it still does); nothing when no device maps it.
+pub(crate) async fn unmap(
+    program: &str,
+    mapped: &MappedDevice,
+    image: &ImageSpec,
+    mappings: &[Mapping],
+) -> Result<(), MapError> {
+    if let Some(other) = mappings
+        .iter()
+        .find(|m| m.device == mapped.device && !m.maps(image))
+    {
+        tracing::warn!(device = %mapped.device.display(), image = %image,
+            now = %format!("{}/{}", other.pool, other.image),
+            "recorded device now maps another image; leaving it mapped");
     }
-    exec::run(program, &["unmap", &mapped.device.to_string_lossy()]).await?;
+    let Some(device) = device_to_unmap(mappings, &mapped.device, image) else {
+        tracing::info!(device = %mapped.device.display(), image = %image, "image is not mapped; nothing to unmap");
+        return Ok(());
+    };
+    exec::run(program, &["unmap", &device.to_string_lossy()]).await?;
     Ok(())
 }

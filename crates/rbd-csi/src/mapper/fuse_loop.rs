@@ -34,7 +34,8 @@ use tokio::sync::{Mutex, oneshot};
 use super::loop_device::{backing_file, loop_device_for, loop_devices_under, wait_detached};
 use super::secret_file::{private_dir, write_private};
 use super::{
-    ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind, parse_device_output, redact,
+    ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind, blocking, parse_device_output,
+    redact,
 };
 use crate::{exec, mount};
 
@@ -102,7 +103,9 @@ impl FuseLoopMapper {
     ) -> Result<PathBuf, MapError> {
         let mnt = dir.join("mnt");
         if is_fuse_mount(&mnt)? {
-            match std::fs::metadata(&mnt) {
+            // A stat of a mount whose rbd-fuse hangs blocks: keep it off the async threads.
+            let probe = mnt.clone();
+            match blocking("checking", move || Ok(std::fs::metadata(&probe))).await? {
                 Ok(_) => return Ok(mnt),
                 Err(e) => {
                     // The rbd-fuse process died ("transport endpoint is not connected"): detach
@@ -110,8 +113,12 @@ impl FuseLoopMapper {
                     // on the dead mount then show their file as `/<image>`; unmap knows that.
                     tracing::warn!(mount_point = %mnt.display(), error = %e, "rbd-fuse mount is dead; restarting it");
                     instance.exited = None;
-                    mount::unmount_detach(&mnt)
-                        .map_err(|e| MapError::io("detaching dead mount", mnt.display(), e))?;
+                    let dead = mnt.clone();
+                    blocking("detaching dead mount", move || {
+                        mount::unmount_detach(&dead)
+                            .map_err(|e| MapError::io("detaching dead mount", dead.display(), e))
+                    })
+                    .await?;
                 }
             }
         }
@@ -197,7 +204,8 @@ impl FuseLoopMapper {
         let mnt = &fuse.mount_point;
         let deadline = Instant::now() + FUSE_TIMEOUT;
         while is_fuse_mount(mnt)? {
-            match mount::unmount(mnt) {
+            let target = mnt.clone();
+            match blocking("unmounting", move || Ok(mount::unmount(&target))).await? {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
                     // The kernel may still be releasing the loop device's file.
@@ -256,7 +264,8 @@ impl Mapper for FuseLoopMapper {
                 fuse: Some(attachment),
             });
         }
-        if !attachment.image_file.exists() {
+        let image_file = attachment.image_file.clone();
+        if !blocking("checking", move || Ok(image_file.exists())).await? {
             if loop_devices_under(&mnt).is_empty() {
                 self.teardown_instance(&mut instance, &attachment).await?;
             }
@@ -281,7 +290,9 @@ impl Mapper for FuseLoopMapper {
         }
     }
 
-    async fn unmap(&self, mapped: &MappedDevice) -> Result<(), MapError> {
+    /// The loop device's backing file identifies the image (`<mount>/<image>`), so `image` adds
+    /// nothing here: a reused loop number serving another file is never detached.
+    async fn unmap(&self, mapped: &MappedDevice, _image: &ImageSpec) -> Result<(), MapError> {
         let Some(fuse) = &mapped.fuse else {
             return Err(MapError::WrongMapper {
                 device: mapped.device.display().to_string(),
@@ -308,20 +319,25 @@ impl Mapper for FuseLoopMapper {
         let Some(fuse) = &mapped.fuse else {
             return Ok(());
         };
-        let file = &fuse.image_file;
-        let current = std::fs::metadata(file)
-            .map_err(|e| MapError::io("reading size of", file.display(), e))?
-            .len();
-        if new_size > current {
-            // rbd-fuse caches the size it saw at open; a truncate up to the size the image
-            // already has makes it re-read it (rbd_resize to the current size changes nothing).
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(file)
-                .map_err(|e| MapError::io("opening", file.display(), e))?;
-            f.set_len(new_size)
-                .map_err(|e| MapError::io("refreshing size of", file.display(), e))?;
-        }
+        let file = fuse.image_file.clone();
+        blocking("refreshing size of", move || {
+            let current = std::fs::metadata(&file)
+                .map_err(|e| MapError::io("reading size of", file.display(), e))?
+                .len();
+            if new_size > current {
+                // rbd-fuse caches the size it saw at open; a truncate up to the size the image
+                // already has makes it re-read it (rbd_resize to the current size changes
+                // nothing).
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&file)
+                    .map_err(|e| MapError::io("opening", file.display(), e))?;
+                f.set_len(new_size)
+                    .map_err(|e| MapError::io("refreshing size of", file.display(), e))?;
+            }
+            Ok(())
+        })
+        .await?;
         exec::run("losetup", &["-c", &mapped.device.to_string_lossy()]).await?;
         Ok(())
     }

@@ -1,11 +1,19 @@
 //! Kernel RBD mapping through the `rbd` CLI: `rbd map POOL/IMAGE --id USER -m MONITORS
 //! --keyfile FILE`, where FILE is a private key file removed right after the call (the kernel
-//! keeps the key in its keyring). Needs the `rbd` kernel module, absent on this test bed, so only
-//! the command construction and key handling are unit-tested here.
+//! keeps the key in its keyring).
+//!
+//! What is mapped comes from sysfs, `/sys/bus/rbd/devices/<id>/{pool,pool_ns,name,current_snap}`
+//! for `/dev/rbd<id>`: a map of an image that is mapped already returns its device (a repeated
+//! stage must not leak a second `/dev/rbdN`), and an unmap checks that the recorded device still
+//! maps the image (after a reboot the same `/dev/rbdN` may be another volume). Needs the `rbd`
+//! kernel module, absent on this test bed, so the sysfs and `/dev` roots are injectable
+//! ([`KrbdMapper::with_root`]) and the lookup, command construction and key handling are
+//! unit-tested against fake trees and a stand-in program.
 
+use std::io;
 use std::path::{Path, PathBuf};
 
-use super::{ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind};
+use super::{ImageSpec, Key, MapError, MappedDevice, Mapper, Mapping, MounterKind, blocking};
 
 /// `rbd map` / `rbd unmap`.
 #[derive(Debug, Clone)]
@@ -15,6 +23,8 @@ pub struct KrbdMapper {
     program: String,
     /// Extra `rbd map` options (`-o` value), e.g. `noudev` inside containers.
     map_options: Option<String>,
+    /// Where `sys/` and `dev/` are (`/`; a fake tree in tests).
+    root: PathBuf,
 }
 
 impl KrbdMapper {
@@ -25,8 +35,57 @@ impl KrbdMapper {
             key_dir,
             program: "rbd".to_owned(),
             map_options,
+            root: PathBuf::from("/"),
         }
     }
+}
+
+/// The images krbd has mapped, read from `<root>/sys/bus/rbd/devices/<id>/` (`pool`, `pool_ns`,
+/// `name`, `current_snap`), each as device `<root>/dev/rbd<id>`. No rbd module loaded (no
+/// `devices` directory) means nothing is mapped; a device that disappears while being read is
+/// skipped.
+///
+/// # Errors
+/// When the `devices` directory exists but cannot be read.
+pub fn mappings(root: &Path) -> io::Result<Vec<Mapping>> {
+    let devices = root.join("sys/bus/rbd/devices");
+    let entries = match std::fs::read_dir(&devices) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let attribute = |dir: &Path, name: &str| -> io::Result<Option<String>> {
+        match std::fs::read_to_string(dir.join(name)) {
+            Ok(text) => Ok(Some(text.trim_end_matches('\n').to_owned())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let dir = entry.path();
+        // `pool` and `name` always exist while the device does; `pool_ns` since Linux 4.19
+        // (older kernels know only the default namespace).
+        let (Some(pool), Some(image)) = (attribute(&dir, "pool")?, attribute(&dir, "name")?) else {
+            continue;
+        };
+        found.push(Mapping {
+            device: root.join("dev").join(format!("rbd{id}")),
+            pool,
+            namespace: attribute(&dir, "pool_ns")?.unwrap_or_default(),
+            image,
+            snap: attribute(&dir, "current_snap")?.unwrap_or_default(),
+        });
+    }
+    found.sort_by(|a, b| a.device.cmp(&b.device));
+    Ok(found)
 }
 
 /// The `rbd map` arguments (pure, no key: only the key file's path).
@@ -56,6 +115,21 @@ impl KrbdMapper {
         self.program = program.into();
         self
     }
+
+    /// Looks for `sys/bus/rbd/devices` and `dev/rbd<id>` under `root` instead of `/` (tests).
+    #[must_use]
+    pub fn with_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    async fn current_mappings(&self) -> Result<Vec<Mapping>, MapError> {
+        let root = self.root.clone();
+        blocking("reading krbd mappings in", move || {
+            mappings(&root).map_err(|e| MapError::io("reading krbd mappings in", root.display(), e))
+        })
+        .await
+    }
 }
 
 #[async_trait::async_trait]
@@ -66,25 +140,173 @@ impl Mapper for KrbdMapper {
 
     async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError> {
         let options = self.map_options.as_deref();
+        let existing = self.current_mappings().await?;
         super::cli::map(
             &self.program,
             "rbd",
             MounterKind::Krbd,
             &self.key_dir,
             key,
+            image,
+            &existing,
             |keyfile| map_args(image, keyfile, options),
         )
         .await
     }
 
-    async fn unmap(&self, mapped: &MappedDevice) -> Result<(), MapError> {
-        super::cli::unmap(&self.program, mapped).await
+    async fn unmap(&self, mapped: &MappedDevice, image: &ImageSpec) -> Result<(), MapError> {
+        let current = self.current_mappings().await?;
+        super::cli::unmap(&self.program, mapped, image, &current).await
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::fake;
     use super::*;
+
+    /// A fake `/`: `sys/bus/rbd/devices/<id>/...` and `dev/rbd<id>` for each mapping
+    /// `(id, pool, namespace, image, snap)`.
+    fn fake_root(mappings: &[(u32, &str, &str, &str, &str)]) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        let devices = root.path().join("sys/bus/rbd/devices");
+        std::fs::create_dir_all(&devices).unwrap();
+        std::fs::create_dir_all(root.path().join("dev")).unwrap();
+        for (id, pool, ns, name, snap) in mappings {
+            let dir = devices.join(id.to_string());
+            std::fs::create_dir(&dir).unwrap();
+            for (attr, value) in [
+                ("pool", pool),
+                ("pool_ns", ns),
+                ("name", name),
+                ("current_snap", snap),
+            ] {
+                std::fs::write(dir.join(attr), format!("{value}\n")).unwrap();
+            }
+            std::fs::write(dir.join("major"), "251\n").unwrap();
+            std::fs::write(root.path().join(format!("dev/rbd{id}")), "").unwrap();
+        }
+        root
+    }
+
+    /// A stand-in `rbd` that logs `$1 $2` to `<dir>/calls` and maps to /dev/rbd9.
+    fn fake_rbd(dir: &Path) -> String {
+        fake::program(
+            dir,
+            "fake-rbd",
+            "",
+            "[ \"$1\" = map ] && echo /dev/rbd9\nexit 0",
+        )
+    }
+
+    fn image(pool: &str, name: &str) -> ImageSpec {
+        ImageSpec {
+            monitors: "127.0.0.1:6789".into(),
+            pool: pool.into(),
+            image: name.into(),
+            user: "admin".into(),
+        }
+    }
+
+    #[test]
+    fn sysfs_mappings_are_read_with_namespace_and_snapshot() {
+        let root = fake_root(&[
+            (0, "rbd", "", "other", "-"),
+            (3, "kube", "", "pvc-1", "-"),
+            (5, "kube", "tenant", "pvc-1", "-"),
+            (7, "kube", "", "pvc-1", "snap1"),
+        ]);
+        // Not a device: the kernel's `devices` holds only numbered entries.
+        std::fs::create_dir(root.path().join("sys/bus/rbd/devices/uevent-junk")).unwrap();
+        let found = mappings(root.path()).unwrap();
+        assert_eq!(found.len(), 4);
+        assert_eq!(found[1].device, root.path().join("dev/rbd3"));
+        assert_eq!(
+            (found[2].namespace.as_str(), found[3].snap.as_str()),
+            ("tenant", "snap1")
+        );
+        let matching: Vec<_> = found
+            .iter()
+            .filter(|m| m.maps(&image("kube", "pvc-1")))
+            .collect();
+        assert_eq!(
+            matching.len(),
+            1,
+            "namespace and snapshot mappings are other images"
+        );
+        assert_eq!(matching[0].device, root.path().join("dev/rbd3"));
+        // Old kernels have no pool_ns: the default namespace.
+        std::fs::remove_file(root.path().join("sys/bus/rbd/devices/3/pool_ns")).unwrap();
+        assert!(mappings(root.path()).unwrap()[1].namespace.is_empty());
+        // No rbd module: nothing mapped.
+        let empty = tempfile::tempdir().unwrap();
+        assert!(mappings(empty.path()).unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn map_of_a_mapped_image_returns_its_device_without_mapping_again() {
+        let root = fake_root(&[(0, "rbd", "", "other", "-"), (3, "kube", "", "pvc-1", "-")]);
+        let mapper = KrbdMapper::new(root.path().join("keys"), None)
+            .with_program(fake_rbd(root.path()))
+            .with_root(root.path());
+        let mapped = mapper
+            .map(&image("kube", "pvc-1"), &Key::new("AQB=="))
+            .await
+            .unwrap();
+        assert_eq!(mapped.device, root.path().join("dev/rbd3"));
+        assert_eq!(fake::calls(root.path()), "", "rbd map must not run again");
+        // An image mapped nowhere is mapped.
+        let mapped = mapper
+            .map(&image("kube", "pvc-2"), &Key::new("AQB=="))
+            .await
+            .unwrap();
+        assert_eq!(mapped.device, PathBuf::from("/dev/rbd9"));
+        assert_eq!(fake::calls(root.path()), "map kube/pvc-2\n");
+    }
+
+    /// What `unmap` of the volume recorded at /dev/rbd`recorded` (image kube/pvc-1) runs, with
+    /// `mapped` in sysfs; and the fake root.
+    async fn unmap_calls(
+        mapped: &[(u32, &str, &str, &str, &str)],
+        recorded: u32,
+    ) -> (String, tempfile::TempDir) {
+        let root = fake_root(mapped);
+        let mapper = KrbdMapper::new(root.path().join("keys"), None)
+            .with_program(fake_rbd(root.path()))
+            .with_root(root.path());
+        let recorded = MappedDevice {
+            mounter: MounterKind::Krbd,
+            device: root.path().join(format!("dev/rbd{recorded}")),
+            fuse: None,
+        };
+        mapper
+            .unmap(&recorded, &image("kube", "pvc-1"))
+            .await
+            .unwrap();
+        (fake::calls(root.path()), root)
+    }
+
+    #[tokio::test]
+    async fn unmap_touches_only_a_device_that_still_maps_the_image() {
+        // After a reboot /dev/rbd3 is another volume: leave it alone.
+        let (calls, _) = unmap_calls(&[(3, "kube", "", "someone-else", "-")], 3).await;
+        assert_eq!(calls, "", "another volume's device was unmapped");
+        // Not mapped at all (the rbd module is not even loaded): nothing to do.
+        let (calls, _) = unmap_calls(&[], 3).await;
+        assert_eq!(calls, "");
+        // Still ours: unmapped.
+        let (calls, root) = unmap_calls(&[(3, "kube", "", "pvc-1", "-")], 3).await;
+        let rbd3 = root.path().join("dev/rbd3");
+        assert_eq!(calls, format!("unmap {}\n", rbd3.display()));
+        // The recorded device is another image's, ours is mapped elsewhere: that one goes.
+        let (calls, root) = unmap_calls(
+            &[(3, "kube", "", "other", "-"), (4, "kube", "", "pvc-1", "-")],
+            3,
+        )
+        .await;
+        let rbd4 = root.path().join("dev/rbd4");
+        assert_eq!(calls, format!("unmap {}\n", rbd4.display()));
+    }
 
     fn spec() -> ImageSpec {
         ImageSpec {
@@ -120,7 +342,9 @@ mod tests {
     async fn key_file_is_gone_after_a_failed_map() {
         let tmp = tempfile::tempdir().unwrap();
         let keys = tmp.path().join("keys");
-        let mapper = KrbdMapper::new(keys.clone(), None).with_program("false");
+        let mapper = KrbdMapper::new(keys.clone(), None)
+            .with_program("false")
+            .with_root(tmp.path());
         // `false` stands in for a failing `rbd map`; the key file must not remain.
         let result = mapper.map(&spec(), &Key::new("AQBsecret==")).await;
         assert!(result.is_err());
@@ -144,7 +368,9 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         let keys = dir.join("keys");
-        let mapper = KrbdMapper::new(keys.clone(), None).with_program(script.display().to_string());
+        let mapper = KrbdMapper::new(keys.clone(), None)
+            .with_program(script.display().to_string())
+            .with_root(dir);
         let mapped = mapper.map(&spec(), &Key::new("AQBsecret==")).await.unwrap();
         assert_eq!(mapped.device, PathBuf::from("/dev/rbd7"));
         assert_eq!(

@@ -21,7 +21,7 @@ pub mod nbd;
 pub mod secret_file;
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -179,8 +179,9 @@ pub trait Mapper: Send + Sync {
     /// has already mapped returns the existing device.
     async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError>;
 
-    /// Unmaps a device returned by [`Mapper::map`]. Unmapping an already unmapped device is `Ok`.
-    async fn unmap(&self, mapped: &MappedDevice) -> Result<(), MapError>;
+    /// Unmaps a device [`Mapper::map`] returned for `image`. Unmapping an already unmapped device
+    /// is `Ok`; a device that now maps another image (the same path after a reboot) is left alone.
+    async fn unmap(&self, mapped: &MappedDevice, image: &ImageSpec) -> Result<(), MapError>;
 
     /// Makes the block device show the image's new size after a resize to `new_size` bytes.
     /// Kernel mappers see resizes by themselves; the default does nothing.
@@ -188,6 +189,63 @@ pub trait Mapper: Send + Sync {
         let _ = (mapped, new_size);
         Ok(())
     }
+}
+
+/// One mapping as the kernel (krbd: sysfs) or `rbd-nbd list-mapped` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub device: PathBuf,
+    pub pool: String,
+    /// RADOS namespace; empty for the pool's default namespace.
+    pub namespace: String,
+    pub image: String,
+    /// Snapshot; empty or `-` for the image itself.
+    pub snap: String,
+}
+
+impl Mapping {
+    /// Whether this is a mapping of `image` itself (default namespace, no snapshot): volumes of
+    /// this driver live in the pool's default namespace and are never snapshots.
+    #[must_use]
+    pub fn maps(&self, image: &ImageSpec) -> bool {
+        self.pool == image.pool
+            && self.image == image.image
+            && self.namespace.is_empty()
+            && matches!(self.snap.as_str(), "" | "-")
+    }
+}
+
+/// The device mapping `image` among `mappings`, if any.
+#[must_use]
+pub fn find_mapping<'a>(mappings: &'a [Mapping], image: &ImageSpec) -> Option<&'a Mapping> {
+    mappings.iter().find(|m| m.maps(image))
+}
+
+/// What to unmap for `image` whose stage recorded `recorded`: the recorded device if it still
+/// maps the image, else another device mapping it; `None` when nothing maps it. A recorded device
+/// that now maps another image is never chosen.
+#[must_use]
+pub fn device_to_unmap<'a>(
+    mappings: &'a [Mapping],
+    recorded: &Path,
+    image: &ImageSpec,
+) -> Option<&'a Path> {
+    mappings
+        .iter()
+        .find(|m| m.device == recorded && m.maps(image))
+        .or_else(|| find_mapping(mappings, image))
+        .map(|m| m.device.as_path())
+}
+
+/// Runs a blocking filesystem or system-call step on the blocking thread pool, off the async
+/// worker threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> Result<T, MapError> + Send + 'static,
+) -> Result<T, MapError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| MapError::io(what, "(blocking task)", std::io::Error::other(e)))?
 }
 
 /// `text` with the key (and any `val=...` Ceph prints when it cannot parse a keyring entry)
@@ -240,6 +298,34 @@ pub(crate) fn parse_device_output(
             program,
             output: stdout.trim().to_owned(),
         }),
+    }
+}
+
+/// Stand-in helper programs for the mapper tests.
+#[cfg(test)]
+pub(crate) mod fake {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
+    /// An executable `<dir>/<name>` that runs `body` (sh), after logging `$1 $2` to `<dir>/calls`
+    /// unless `$1` is in `unlogged`.
+    pub(crate) fn program(dir: &Path, name: &str, unlogged: &str, body: &str) -> String {
+        let script = dir.join(name);
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nd={}\ncase \" {unlogged} \" in *\" $1 \"*) ;; *) echo \"$1 $2\" >> \"$d/calls\";; esac\n{body}\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        script.display().to_string()
+    }
+
+    /// What [`program`] logged.
+    pub(crate) fn calls(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("calls")).unwrap_or_default()
     }
 }
 

@@ -4,6 +4,11 @@
 //! Every call is idempotent as the CSI specification requires, and calls on one volume are
 //! serialised: a call arriving while another one for the same volume runs gets `ABORTED`
 //! (the CO retries), calls on other volumes proceed ([`crate::locks`]).
+//!
+//! System calls that can block (`mount(2)`, `umount2(2)`, `statvfs(2)`, device ioctls, file
+//! creation on a possibly hung mount) run on tokio's blocking pool ([`blocking`]) and helper
+//! programs through `tokio::process`, never on the async worker threads: a stuck mount stalls
+//! only the call that touches it, not every other call of the plugin.
 
 mod publish;
 pub mod record;
@@ -88,6 +93,17 @@ impl NodeService {
     }
 }
 
+/// Runs blocking node work on the blocking thread pool.
+pub(crate) async fn blocking<T, F>(f: F) -> Result<T, Status>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, Status> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("node task failed: {e}")))?
+}
+
 fn rpc_capability(kind: node_service_capability::rpc::Type) -> csi::NodeServiceCapability {
     csi::NodeServiceCapability {
         r#type: Some(node_service_capability::Type::Rpc(
@@ -120,7 +136,8 @@ impl Node for NodeService {
         &self,
         request: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        publish::publish(self, &request.into_inner())?;
+        let (node, req) = (self.clone(), request.into_inner());
+        blocking(move || publish::publish(&node, &req)).await?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
     }
 
@@ -128,7 +145,8 @@ impl Node for NodeService {
         &self,
         request: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
-        publish::unpublish(self, &request.into_inner())?;
+        let (node, req) = (self.clone(), request.into_inner());
+        blocking(move || publish::unpublish(&node, &req)).await?;
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
     }
 
@@ -136,7 +154,10 @@ impl Node for NodeService {
         &self,
         request: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
-        Ok(Response::new(stats::volume_stats(&request.into_inner())?))
+        let req = request.into_inner();
+        Ok(Response::new(
+            blocking(move || stats::volume_stats(&req)).await?,
+        ))
     }
 
     async fn node_expand_volume(

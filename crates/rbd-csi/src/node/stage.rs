@@ -6,16 +6,21 @@
 //! staging path; block: bind the device onto `<staging>/device`. A failure after mapping unmaps
 //! again, so a failed stage leaves nothing behind.
 //!
-//! Unstage: unmount whatever is at the staging path, unmap what the record says was mapped,
-//! remove the record. Every step tolerates "already done".
+//! Unstage: unmount whatever is at the staging path, unmap what the record says was mapped (only
+//! if that device still maps the recorded image), remove the record. Every step tolerates
+//! "already done".
+//!
+//! Mapping is idempotent too: with a staging record but nothing mounted (a plugin restart
+//! between map and mount, a failed mount), the mappers find the image's existing mapping instead
+//! of mapping it a second time. Blocking steps run on the blocking pool.
 
 use std::path::{Path, PathBuf};
 
 use tonic::Status;
 
-use super::NodeService;
 use super::record::{self, BLOCK_DEVICE_FILE, StagingRecord};
 use super::request::{self, Access};
+use super::{NodeService, blocking};
 use crate::fs::{self, FsType};
 use crate::mapper::MappedDevice;
 use crate::mount;
@@ -37,28 +42,37 @@ pub(super) async fn stage(
     )?;
     let _guard = node.locks.lock_or_abort(volume_id)?;
 
-    if let Some(existing) =
-        record::read(&staging).map_err(|e| internal("reading staging record", &e))?
-    {
-        if existing.volume_id != volume_id {
-            return Err(Status::already_exists(format!(
-                "staging path {} holds volume {}, not {volume_id}",
-                staging.display(),
-                existing.volume_id
-            )));
+    let block = access.is_block();
+    let (id, path) = (volume_id.to_owned(), staging.clone());
+    let already_staged = blocking(move || {
+        if let Some(existing) =
+            record::read(&path).map_err(|e| internal("reading staging record", &e))?
+        {
+            if existing.volume_id != id {
+                return Err(Status::already_exists(format!(
+                    "staging path {} holds volume {}, not {id}",
+                    path.display(),
+                    existing.volume_id
+                )));
+            }
+            if existing.block != block {
+                return Err(Status::already_exists(format!(
+                    "volume {id} is already staged at {} with another access type",
+                    path.display()
+                )));
+            }
+            if staged_target_mounted(&path, existing.block)? {
+                return Ok(true);
+            }
         }
-        if existing.block != access.is_block() {
-            return Err(Status::already_exists(format!(
-                "volume {volume_id} is already staged at {} with another access type",
-                staging.display()
-            )));
-        }
-        if staged_target_mounted(&staging, existing.block)? {
-            tracing::debug!(volume_id, staging = %staging.display(), "already staged");
-            return Ok(());
-        }
+        std::fs::create_dir_all(&path).map_err(|e| internal("creating staging path", &e))?;
+        Ok(false)
+    })
+    .await?;
+    if already_staged {
+        tracing::debug!(volume_id, staging = %staging.display(), "already staged");
+        return Ok(());
     }
-    std::fs::create_dir_all(&staging).map_err(|e| internal("creating staging path", &e))?;
 
     let mapper = node.mapper(params.mounter)?;
     tracing::info!(volume_id, image = %params.image, mounter = %params.mounter, "mapping image");
@@ -67,18 +81,27 @@ pub(super) async fn stage(
         volume_id: volume_id.to_owned(),
         image: params.image.clone(),
         mapped: mapped.clone(),
-        block: access.is_block(),
+        block,
     };
-    let result = match record::write(&staging, &record) {
+    let path = staging.clone();
+    let result = match blocking(move || {
+        record::write(&path, &record).map_err(|e| internal("writing staging record", &e))
+    })
+    .await
+    {
         Ok(()) => expose(&access, &mapped, &staging).await,
-        Err(e) => Err(internal("writing staging record", &e)),
+        Err(status) => Err(status),
     };
     if let Err(status) = result {
         tracing::warn!(volume_id, error = %status.message(), "stage failed; unmapping");
-        if let Err(e) = mapper.unmap(&mapped).await {
+        if let Err(e) = mapper.unmap(&mapped, &params.image).await {
             tracing::warn!(volume_id, error = %e, "unmap after failed stage failed");
         } else {
-            let _ = record::remove(&staging);
+            let path = staging.clone();
+            let _ = blocking(move || {
+                record::remove(&path).map_err(|e| internal("removing staging record", &e))
+            })
+            .await;
         }
         return Err(status);
     }
@@ -97,26 +120,35 @@ pub(super) fn staged_target_mounted(staging: &Path, block: bool) -> Result<bool,
 
 /// Makes the mapped device available at the staging path.
 async fn expose(access: &Access, mapped: &MappedDevice, staging: &Path) -> Result<(), Status> {
+    let device = mapped.device.clone();
+    let staging = staging.to_path_buf();
     match access {
         Access::Block => {
-            let file = staging.join(BLOCK_DEVICE_FILE);
-            touch(&file)?;
-            mount::bind_mount(&mapped.device, &file, false)
-                .map_err(|e| internal("binding the block device", &e))
+            blocking(move || {
+                let file = staging.join(BLOCK_DEVICE_FILE);
+                touch(&file)?;
+                mount::bind_mount(&device, &file, false)
+                    .map_err(|e| internal("binding the block device", &e))
+            })
+            .await
         }
         Access::Mount { fs, flags } => {
-            let fs = prepare_filesystem(&mapped.device, *fs).await?;
-            mount::mount_filesystem(&mapped.device, staging, fs.name(), flags).map_err(|e| {
-                internal(
-                    &format!(
-                        "mounting {} ({}) at {}",
-                        mapped.device.display(),
-                        fs.name(),
-                        staging.display()
-                    ),
-                    &e,
-                )
+            let fs = prepare_filesystem(&device, *fs).await?;
+            let flags = flags.clone();
+            blocking(move || {
+                mount::mount_filesystem(&device, &staging, fs.name(), &flags).map_err(|e| {
+                    internal(
+                        &format!(
+                            "mounting {} ({}) at {}",
+                            device.display(),
+                            fs.name(),
+                            staging.display()
+                        ),
+                        &e,
+                    )
+                })
             })
+            .await
         }
     }
 }
@@ -167,27 +199,38 @@ pub(super) async fn unstage(
     let staging = PathBuf::from(require(&req.staging_target_path, "staging_target_path")?);
     let _guard = node.locks.lock_or_abort(volume_id)?;
 
-    let existing = record::read(&staging).map_err(|e| internal("reading staging record", &e))?;
-    if let Some(existing) = &existing
-        && existing.volume_id != volume_id
-    {
-        return Err(Status::failed_precondition(format!(
-            "staging path {} holds volume {}, not {volume_id}",
-            staging.display(),
-            existing.volume_id
-        )));
-    }
-    let block_file = staging.join(BLOCK_DEVICE_FILE);
-    mount::unmount_all(&block_file).map_err(|e| internal("unmounting the block device", &e))?;
-    if block_file.exists() {
-        std::fs::remove_file(&block_file)
-            .map_err(|e| internal("removing the block device file", &e))?;
-    }
-    mount::unmount_all(&staging).map_err(|e| internal("unmounting the staging path", &e))?;
+    let (id, path) = (volume_id.to_owned(), staging.clone());
+    let existing = blocking(move || {
+        let existing = record::read(&path).map_err(|e| internal("reading staging record", &e))?;
+        if let Some(existing) = &existing
+            && existing.volume_id != id
+        {
+            return Err(Status::failed_precondition(format!(
+                "staging path {} holds volume {}, not {id}",
+                path.display(),
+                existing.volume_id
+            )));
+        }
+        let block_file = path.join(BLOCK_DEVICE_FILE);
+        mount::unmount_all(&block_file).map_err(|e| internal("unmounting the block device", &e))?;
+        if block_file.exists() {
+            std::fs::remove_file(&block_file)
+                .map_err(|e| internal("removing the block device file", &e))?;
+        }
+        mount::unmount_all(&path).map_err(|e| internal("unmounting the staging path", &e))?;
+        Ok(existing)
+    })
+    .await?;
     if let Some(existing) = existing {
         let mapper = node.mapper(existing.mapped.mounter)?;
-        mapper.unmap(&existing.mapped).await?;
-        record::remove(&staging).map_err(|e| internal("removing staging record", &e))?;
+        // Unmaps only what still maps the recorded image (the recorded device may be another
+        // volume's after a reboot).
+        mapper.unmap(&existing.mapped, &existing.image).await?;
+        let path = staging.clone();
+        blocking(move || {
+            record::remove(&path).map_err(|e| internal("removing staging record", &e))
+        })
+        .await?;
         tracing::info!(volume_id, device = %existing.mapped.device.display(), "volume unstaged");
     }
     Ok(())

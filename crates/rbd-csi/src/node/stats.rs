@@ -1,11 +1,13 @@
-//! `NodeGetVolumeStats` and `NodeExpandVolume`.
+//! `NodeGetVolumeStats` and `NodeExpandVolume`. Stats runs wholly on the blocking pool (`statvfs`
+//! on a hung mount blocks); expand runs its system calls there and its helpers through
+//! `tokio::process`.
 
 use std::path::{Path, PathBuf};
 
 use tonic::Status;
 
-use super::NodeService;
 use super::record;
+use super::{NodeService, blocking};
 use crate::fs::{self, FsType};
 use crate::mapper::fuse_loop::FuseAttachment;
 use crate::mapper::loop_device::backing_file;
@@ -109,7 +111,11 @@ async fn grow_offline_in_place(
 ) -> Result<(), Status> {
     tracing::info!(device = %device.display(), mount_point = %mount_point.display(),
         "online ext4 grow refused; growing offline (not published anywhere)");
-    mount::unmount(mount_point).map_err(|e| internal("unmounting for offline grow", &e))?;
+    let target = mount_point.to_path_buf();
+    blocking(move || {
+        mount::unmount(&target).map_err(|e| internal("unmounting for offline grow", &e))
+    })
+    .await?;
     let grown = fs::grow_ext4_offline(device).await;
     // Per-mount options are VFS flags; keep those `mount(2)` takes as flags, never pass the
     // rest as filesystem data (ext4 would refuse the mount).
@@ -124,8 +130,12 @@ async fn grow_offline_in_place(
         })
         .map(str::to_owned)
         .collect();
-    mount::mount_filesystem(device, mount_point, "ext4", &flags)
-        .map_err(|e| internal("remounting after offline grow", &e))?;
+    let (device, target) = (device.to_path_buf(), mount_point.to_path_buf());
+    blocking(move || {
+        mount::mount_filesystem(&device, &target, "ext4", &flags)
+            .map_err(|e| internal("remounting after offline grow", &e))
+    })
+    .await?;
     grown.map_err(Status::from)
 }
 
@@ -197,16 +207,23 @@ pub(super) async fn expand(
 ) -> Result<csi::NodeExpandVolumeResponse, Status> {
     let volume_id = require(&req.volume_id, "volume_id")?;
     let volume_path = PathBuf::from(require(&req.volume_path, "volume_path")?);
-    if !volume_path.exists() {
-        return Err(Status::not_found(format!(
-            "volume_path {} does not exist",
-            volume_path.display()
-        )));
-    }
+    let path = volume_path.clone();
+    blocking(move || {
+        if path.exists() {
+            Ok(())
+        } else {
+            Err(Status::not_found(format!(
+                "volume_path {} does not exist",
+                path.display()
+            )))
+        }
+    })
+    .await?;
     let _guard = node.locks.lock_or_abort(volume_id)?;
     let staging =
         (!req.staging_target_path.is_empty()).then(|| PathBuf::from(&req.staging_target_path));
-    let mapped = mapped_device(staging.as_deref(), &volume_path)?;
+    let path = volume_path.clone();
+    let mapped = blocking(move || mapped_device(staging.as_deref(), &path)).await?;
     let required = req
         .capacity_range
         .as_ref()
@@ -217,17 +234,25 @@ pub(super) async fn expand(
             .refresh_size(&mapped, new_size)
             .await?;
     }
-    let device_size =
-        fs::block_device_size(&mapped.device).map_err(|e| internal("reading device size", &e))?;
-    if !fs::is_block_device(&volume_path) {
-        let entry = mount::mount_at(&volume_path)
+    let (device, path) = (mapped.device.clone(), volume_path.clone());
+    // The device size, and the filesystem mount when the volume is not a raw block volume.
+    let (device_size, mounted) = blocking(move || {
+        let size =
+            fs::block_device_size(&device).map_err(|e| internal("reading device size", &e))?;
+        if fs::is_block_device(&path) {
+            return Ok((size, None));
+        }
+        let entry = mount::mount_at(&path)
             .map_err(|e| internal("reading mount table", &e))?
-            .ok_or_else(|| {
-                Status::not_found(format!("{} is not mounted", volume_path.display()))
-            })?;
+            .ok_or_else(|| Status::not_found(format!("{} is not mounted", path.display())))?;
+        let only = only_mount_of_its_filesystem(&entry)?;
+        Ok((size, Some((entry, only))))
+    })
+    .await?;
+    if let Some((entry, only_mount)) = mounted {
         let fs = FsType::parse(&entry.fs_type).map_err(Status::failed_precondition)?;
         match fs::grow_online(fs, &mapped.device, &volume_path).await {
-            Err(fs::FsError::OnlineGrowRefused { .. }) if only_mount_of_its_filesystem(&entry)? => {
+            Err(fs::FsError::OnlineGrowRefused { .. }) if only_mount => {
                 // Mounted nowhere else (kubelet expands right after staging, before any
                 // publish): grow it offline in place.
                 grow_offline_in_place(&entry, &mapped.device, &volume_path).await?;
