@@ -21,7 +21,6 @@ mod emulator;
 mod events_view;
 mod faults;
 mod patch;
-mod quantity;
 mod resources;
 mod schema;
 mod selectors;

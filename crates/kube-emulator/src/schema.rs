@@ -7,7 +7,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
-use crate::quantity::{self, QUANTITY_REGEX};
 use crate::resources::ResourceInfo;
 use crate::status::ApiError;
 
@@ -96,11 +95,8 @@ fn check_quantities(res: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError>
                 Value::Number(n) => n.to_string(),
                 _ => continue,
             };
-            if quantity::parse(&text).is_none() {
-                return Err(ApiError::cannot_handle(
-                    res,
-                    &format!("quantities must match the regular expression '{QUANTITY_REGEX}'"),
-                ));
+            if let Err(error) = kube_quantity::parse(&text) {
+                return Err(ApiError::cannot_handle(res, &error.to_string()));
             }
             *v = Value::String(text);
         }
@@ -108,18 +104,15 @@ fn check_quantities(res: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError>
     Ok(())
 }
 
-/// Rewrites quantities into kube-apiserver's canonical form (`1024Mi` -> `1Gi`).
+/// Rewrites quantities into the form kube-apiserver stores (`1024Mi` -> `1Gi`, `16Ei` ->
+/// `9223372036854775807`; `10G` and `954Mi` stay as written).
 pub(crate) fn canonicalize_quantities(res: &ResourceInfo, obj: &mut Value) {
     for ptr in quantity_maps(res) {
         let Some(map) = obj.pointer_mut(ptr).and_then(Value::as_object_mut) else {
             continue;
         };
         for v in map.values_mut() {
-            if let Some(c) = v
-                .as_str()
-                .and_then(quantity::parse)
-                .and_then(|q| q.canonical())
-            {
+            if let Some(c) = v.as_str().and_then(|s| kube_quantity::canonicalize(s).ok()) {
                 *v = Value::String(c);
             }
         }

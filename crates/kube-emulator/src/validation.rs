@@ -3,7 +3,6 @@
 
 use serde_json::{Value, json};
 
-use crate::quantity;
 use crate::resources::ResourceInfo;
 use crate::status::{ApiError, Cause};
 use crate::store::StoreView;
@@ -11,6 +10,7 @@ use crate::util::{
     self, DNS1123_LABEL_MSG, DNS1123_SUBDOMAIN_MSG, finalizers, is_dns1123_label,
     is_dns1123_subdomain, str_at,
 };
+use kube_quantity::Quantity;
 
 const ACCESS_MODES: &[&str] = &[
     "ReadOnlyMany",
@@ -106,7 +106,7 @@ fn storage_causes(obj: &Value, ptr: &str, field: &str, causes: &mut Vec<Cause>) 
     match obj.pointer(ptr).and_then(Value::as_str) {
         None => causes.push(Cause::required(field, "")),
         Some(s) => {
-            if quantity::parse(s).is_none_or(|q| q.value <= 0.0) {
+            if kube_quantity::parse(s).map_or(true, |q| !q.is_positive()) {
                 causes.push(Cause::invalid(
                     field,
                     &format!("\"{s}\""),
@@ -232,8 +232,8 @@ pub(crate) fn validate_create(res: &ResourceInfo, obj: &Value) -> Result<(), Api
     fail(res, obj, causes)
 }
 
-fn storage_of(obj: &Value, ptr: &str) -> Option<f64> {
-    str_at(obj, ptr).and_then(quantity::parse).map(|q| q.value)
+fn storage_of(obj: &Value, ptr: &str) -> Option<Quantity> {
+    str_at(obj, ptr).and_then(|s| kube_quantity::parse(s).ok())
 }
 
 /// A Go-struct-diff-like rendering of the changed PVC spec fields (for the immutability error).
@@ -267,7 +267,7 @@ fn pvc_update(
     let bound = str_at(old, "/status/phase") == Some("Bound");
     let old_req = storage_of(old, "/spec/resources/requests/storage");
     let new_req = storage_of(new, "/spec/resources/requests/storage");
-    let growing = matches!((old_req, new_req), (Some(o), Some(n)) if n > o);
+    let growing = matches!((&old_req, &new_req), (Some(o), Some(n)) if n > o);
     // PersistentVolumeClaimResize admission: only bound claims of expandable classes grow.
     if bound && growing {
         let class = str_at(old, "/spec/storageClassName").unwrap_or_default();
@@ -314,8 +314,8 @@ fn pvc_update(
         );
         causes.push(Cause::forbidden("spec", &msg));
     } else if bound
-        && let (Some(req), Some(cap)) = (new_req, storage_of(old, "/status/capacity/storage"))
-        && req < cap
+        && let (Some(req), Some(cap)) = (&new_req, storage_of(old, "/status/capacity/storage"))
+        && *req < cap
         && old_req != new_req
     {
         causes.push(Cause::forbidden(

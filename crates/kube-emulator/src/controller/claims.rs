@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use super::{Controller, PVCS, PVS};
 use crate::admission::PVC_PROTECTION;
-use crate::quantity;
 use crate::util::{self, annotation, finalizers, is_terminating, now_time, set_annotation, str_at};
+use kube_quantity::Quantity;
 
 const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
 const ANN_BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
@@ -35,8 +35,8 @@ pub(crate) fn pod_claims(pod: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn storage_request(obj: &Value, ptr: &str) -> Option<f64> {
-    str_at(obj, ptr).and_then(quantity::parse).map(|q| q.value)
+fn storage_request(obj: &Value, ptr: &str) -> Option<Quantity> {
+    str_at(obj, ptr).and_then(|s| kube_quantity::parse(s).ok())
 }
 
 /// Whether `pv` is pre-bound to `claim` (name, namespace, and uid when set).
@@ -147,8 +147,8 @@ impl Controller {
             .unwrap_or_default()
             .to_string();
         if volume_name.is_empty() {
-            let requested =
-                storage_request(claim, "/spec/resources/requests/storage").unwrap_or(0.0);
+            let requested = storage_request(claim, "/spec/resources/requests/storage")
+                .unwrap_or_else(|| Quantity::from_bytes(0));
             let fits = |pv: &Arc<Value>| {
                 prebound_to(pv, claim)
                     && !is_terminating(pv)

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::quantity;
 use crate::selectors::LabelSelector;
 use crate::util::{is_terminating, str_at};
 
@@ -57,8 +56,7 @@ fn claim_selector(claim: &Value) -> Option<LabelSelector> {
 /// The smallest unclaimed volume that satisfies `claim`, if any.
 pub(super) fn best_static_match(claim: &Value, volumes: Vec<Arc<Value>>) -> Option<Arc<Value>> {
     let requested = str_at(claim, "/spec/resources/requests/storage")
-        .and_then(quantity::parse)
-        .map(|q| q.value)?;
+        .and_then(|s| kube_quantity::parse(s).ok())?;
     let selector = claim_selector(claim)?;
     let wanted_modes = strings(crate::util::at(claim, "/spec/accessModes"));
     volumes
@@ -73,12 +71,11 @@ pub(super) fn best_static_match(claim: &Value, volumes: Vec<Arc<Value>>) -> Opti
         })
         .filter(|pv| selector.is_empty() || selector.matches(pv))
         .filter_map(|pv| {
-            let cap = str_at(&pv, "/spec/capacity/storage")
-                .and_then(quantity::parse)?
-                .value;
+            let cap =
+                str_at(&pv, "/spec/capacity/storage").and_then(|s| kube_quantity::parse(s).ok())?;
             (cap >= requested).then_some((cap, pv))
         })
-        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .min_by(|a, b| a.0.cmp(&b.0))
         .map(|(_, pv)| pv)
 }
 
