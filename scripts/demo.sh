@@ -42,15 +42,11 @@ for _ in $(seq 100); do [ -s "$KUBECONFIG" ] && break; sleep 0.1; done
 kubectl version 2>/dev/null | head -2 || true
 kubectl create namespace kube-system 2>/dev/null || true
 
-step "Storing the Ceph admin key in a Secret (through stdin, never on a command line)"
-kubectl apply -f - <<YAML
-apiVersion: v1
-kind: Secret
-metadata: {name: ceph-admin-secret, namespace: kube-system}
-type: kubernetes.io/rbd
-stringData:
-  key: $CEPH_ADMIN_KEY
-YAML
+step "Storing the Ceph admin key in a Secret, as the old provisioner's docs say"
+# The docs' `--from-literal=key=...` would put the key in kubectl's argv (visible in ps), so the
+# key goes through stdin instead: printf is a shell builtin, so no process has it in its argv.
+printf '%s' "$CEPH_ADMIN_KEY" | kubectl create secret generic ceph-admin-secret \
+  --type=kubernetes.io/rbd --from-file=key=/dev/stdin -n kube-system
 
 step "Starting rbd-provisioner (leader election on, metrics on :${METRICS_PORT:=9190})"
 "$BIN/rbd-provisioner" --kubeconfig "$KUBECONFIG" --metrics-port "$METRICS_PORT" \
