@@ -181,6 +181,73 @@ async fn pointer_zero_values_survive_and_plain_zero_values_do_not() {
 }
 
 #[tokio::test]
+async fn a_protobuf_put_updates_with_its_resource_version_precondition() {
+    let emu = emu();
+    let a = send(&emu, "POST", SECRETS, PROTOBUF, secret("rotated")).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let rv = a.body["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let put = |rv: &str| {
+        let meta = cat(&[s(1, "rotated"), s(3, "default"), s(6, rv), ld(8, &[])]);
+        let entry = cat(&[s(1, "key"), ld(2, b"new")]);
+        envelope(
+            "v1",
+            "Secret",
+            &cat(&[ld(1, &meta), ld(2, &entry), s(3, "Opaque")]),
+        )
+    };
+    let path = format!("{SECRETS}/rotated");
+    let a = send(&emu, "PUT", &path, PROTOBUF, put("1")).await;
+    assert_eq!(a.status, 409, "{}", a.body);
+    let a = send(&emu, "PUT", &path, PROTOBUF, put(&rv)).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(get(&emu, &path).await["data"], json!({"key": "bmV3"}));
+}
+
+#[tokio::test]
+async fn a_protobuf_storage_class_keeps_its_explicit_false_and_parameters() {
+    let emu = emu();
+    let param = |k: &str, v: &str| ld(3, &cat(&[s(1, k), s(2, v)]));
+    let body = envelope(
+        "storage.k8s.io/v1",
+        "StorageClass",
+        &cat(&[
+            ld(1, &object_meta("rbd", "")),
+            s(2, "ceph.com/rbd"),
+            param("pool", "rbd"),
+            param("adminSecretName", "ceph-admin-secret"),
+            s(5, "discard"),
+            num(6, 0),
+            s(7, "WaitForFirstConsumer"),
+        ]),
+    );
+    let a = send(
+        &emu,
+        "POST",
+        "/apis/storage.k8s.io/v1/storageclasses",
+        PROTOBUF,
+        body,
+    )
+    .await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let sc = &a.body;
+    assert_eq!(sc["apiVersion"], "storage.k8s.io/v1");
+    assert_eq!(sc["provisioner"], "ceph.com/rbd");
+    assert_eq!(
+        sc["parameters"],
+        json!({"pool": "rbd", "adminSecretName": "ceph-admin-secret"})
+    );
+    assert_eq!(sc["mountOptions"], json!(["discard"]));
+    // allowVolumeExpansion is a *bool: an explicit false is kept, as on a real server.
+    assert_eq!(sc["allowVolumeExpansion"], false);
+    assert_eq!(sc["volumeBindingMode"], "WaitForFirstConsumer");
+    // Not sent: defaulted.
+    assert_eq!(sc["reclaimPolicy"], "Delete");
+}
+
+#[tokio::test]
 async fn lease_micro_times_and_empty_holder_decode_like_go() {
     let emu = emu();
     let renew = cat(&[num(1, 1_700_000_000), num(2, 123_456_789)]);
