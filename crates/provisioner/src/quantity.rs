@@ -1,74 +1,34 @@
 //! Kubernetes resource quantities as byte counts (pure).
+//!
+//! Built on [`kube_quantity`], the workspace's one quantity implementation (the API emulator
+//! uses it too): exact decimals, compared by value (`1G` < `954Mi`), rounded up to bytes.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+pub use kube_quantity::{ParseError, Quantity as ParsedQuantity};
 
-const KI: u64 = 1024;
+/// Parses a quantity exactly (`10Gi`, `1G`, `1.5Gi`, `100m`, `1e9`).
+///
+/// # Errors
+/// When `text` is not a Kubernetes quantity.
+pub fn parse(text: &str) -> Result<ParsedQuantity, ParseError> {
+    kube_quantity::parse(text.trim())
+}
 
 /// Parses a storage quantity (`10Gi`, `1G`, `1.5Gi`, `100`, `1e9`, `500m`) into bytes, rounding
 /// any fraction up. `None` when malformed, negative or larger than `u64`.
 #[must_use]
 pub fn parse_bytes(quantity: &str) -> Option<u64> {
-    let quantity = quantity.trim();
-    let split = quantity
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
-        .unwrap_or(quantity.len());
-    let (number, suffix) = quantity.split_at(split);
-    if number.is_empty() {
-        return None;
-    }
-    let (multiplier, divisor): (u128, u128) = match suffix {
-        "" => (1, 1),
-        "m" => (1, 1000),
-        "k" => (1000, 1),
-        "M" => (1000u128.pow(2), 1),
-        "G" => (1000u128.pow(3), 1),
-        "T" => (1000u128.pow(4), 1),
-        "P" => (1000u128.pow(5), 1),
-        "E" => (1000u128.pow(6), 1),
-        "Ki" => (u128::from(KI), 1),
-        "Mi" => (u128::from(KI).pow(2), 1),
-        "Gi" => (u128::from(KI).pow(3), 1),
-        "Ti" => (u128::from(KI).pow(4), 1),
-        "Pi" => (u128::from(KI).pow(5), 1),
-        "Ei" => (u128::from(KI).pow(6), 1),
-        exp if exp.starts_with(['e', 'E']) => {
-            let e: u32 = exp[1..].trim_start_matches('+').parse().ok()?;
-            (10u128.checked_pow(e)?, 1)
-        }
-        _ => return None,
-    };
-    let number = number.trim_start_matches('+');
-    let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
-    if int_part.is_empty() && frac_part.is_empty() {
-        return None;
-    }
-    let digits = format!("{int_part}{frac_part}");
-    let mantissa: u128 = if digits.is_empty() {
-        0
-    } else {
-        digits.parse().ok()?
-    };
-    let frac_divisor = 10u128.checked_pow(u32::try_from(frac_part.len()).ok()?)?;
-    let numerator = mantissa.checked_mul(multiplier)?;
-    let denominator = divisor.checked_mul(frac_divisor)?;
-    u64::try_from(numerator.div_ceil(denominator)).ok()
+    parse(quantity).ok()?.to_u64_ceil()
 }
 
-/// Formats bytes the way a person would write them: `NGi`/`NMi`/`NKi` when exact, else bytes.
+/// Bytes the way the API server writes binary sizes: `NEi`..`NKi` when exact (`954Mi`,
+/// `1Gi`), else plain bytes.
 #[must_use]
 pub fn format_bytes(bytes: u64) -> String {
-    for (suffix, unit) in [
-        ("Ti", KI.pow(4)),
-        ("Gi", KI.pow(3)),
-        ("Mi", KI.pow(2)),
-        ("Ki", KI),
-    ] {
-        if bytes >= unit && bytes.is_multiple_of(unit) {
-            return format!("{}{suffix}", bytes / unit);
-        }
-    }
-    bytes.to_string()
+    ParsedQuantity::from_bytes(bytes).canonical()
 }
 
 /// Bytes as a [`Quantity`].
@@ -77,25 +37,51 @@ pub fn quantity(bytes: u64) -> Quantity {
     Quantity(format_bytes(bytes))
 }
 
+fn storage(map: Option<&BTreeMap<String, Quantity>>) -> Option<&Quantity> {
+    map?.get("storage")
+}
+
+/// The claim's `spec.resources.requests.storage` as written.
+#[must_use]
+pub fn claim_request(claim: &PersistentVolumeClaim) -> Option<&Quantity> {
+    storage(claim.spec.as_ref()?.resources.as_ref()?.requests.as_ref())
+}
+
+/// The claim's `status.capacity.storage` as written.
+#[must_use]
+pub fn claim_capacity(claim: &PersistentVolumeClaim) -> Option<&Quantity> {
+    storage(claim.status.as_ref()?.capacity.as_ref())
+}
+
+/// The claim's `status.allocatedResources.storage` as written: the request the resizer last
+/// acted on.
+#[must_use]
+pub fn claim_allocated(claim: &PersistentVolumeClaim) -> Option<&Quantity> {
+    storage(claim.status.as_ref()?.allocated_resources.as_ref())
+}
+
+/// The volume's `spec.capacity.storage` as written.
+#[must_use]
+pub fn volume_capacity(volume: &PersistentVolume) -> Option<&Quantity> {
+    storage(volume.spec.as_ref()?.capacity.as_ref())
+}
+
 /// The claim's `spec.resources.requests.storage` in bytes.
 #[must_use]
 pub fn claim_request_bytes(claim: &PersistentVolumeClaim) -> Option<u64> {
-    let requests = claim.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?;
-    parse_bytes(&requests.get("storage")?.0)
+    parse_bytes(&claim_request(claim)?.0)
 }
 
 /// The claim's `status.capacity.storage` in bytes.
 #[must_use]
 pub fn claim_capacity_bytes(claim: &PersistentVolumeClaim) -> Option<u64> {
-    let capacity = claim.status.as_ref()?.capacity.as_ref()?;
-    parse_bytes(&capacity.get("storage")?.0)
+    parse_bytes(&claim_capacity(claim)?.0)
 }
 
 /// The volume's `spec.capacity.storage` in bytes.
 #[must_use]
 pub fn volume_capacity_bytes(volume: &PersistentVolume) -> Option<u64> {
-    let capacity = volume.spec.as_ref()?.capacity.as_ref()?;
-    parse_bytes(&capacity.get("storage")?.0)
+    parse_bytes(&volume_capacity(volume)?.0)
 }
 
 #[cfg(test)]
@@ -125,18 +111,44 @@ mod tests {
     #[test]
     fn refuses_garbage() {
         assert_eq!(parse_bytes(""), None);
-        assert_eq!(parse_bytes("Gi"), None);
         assert_eq!(parse_bytes("1Xi"), None);
+        assert_eq!(parse_bytes("1 GB"), None);
         assert_eq!(parse_bytes("-1Gi"), None);
-        assert_eq!(parse_bytes("."), None);
-        assert_eq!(parse_bytes("99999999999Ei"), None);
+        assert_eq!(parse_bytes("99999999999E"), None);
+        assert_eq!(parse_bytes("20E"), None);
+    }
+
+    #[test]
+    fn reads_odd_forms_as_the_api_server_does() {
+        // Go's ParseQuantity reads a missing number as zero (and zero is refused as a size).
+        assert_eq!(parse_bytes("Gi"), Some(0));
+        assert_eq!(parse_bytes("."), Some(0));
+        assert_eq!(parse_bytes(" 1Gi "), Some(1 << 30));
+    }
+
+    #[test]
+    fn binary_sizes_above_the_api_servers_cap_are_capped() {
+        // kube-apiserver stores `16Ei` as 2^63-1.
+        assert_eq!(parse_bytes("16Ei"), Some(i64::MAX as u64));
+        assert_eq!(parse_bytes("9223372036854775807"), Some(i64::MAX as u64));
+    }
+
+    #[test]
+    fn decimal_requests_compare_below_their_rounded_up_capacity() {
+        let q = |t: &str| parse(t).unwrap();
+        for (request, capacity) in [("1G", "954Mi"), ("10G", "9537Mi"), ("500M", "477Mi")] {
+            assert!(q(request) < q(capacity), "{request} < {capacity}");
+        }
+        assert!(q("100m") < q("1Mi") && q("1.5Gi") == q("1536Mi"));
     }
 
     #[test]
     fn formats_exact_units() {
         assert_eq!(format_bytes(1 << 30), "1Gi");
         assert_eq!(format_bytes(3 << 29), "1536Mi");
-        assert_eq!(format_bytes(1000), "1000");
+        assert_eq!(format_bytes(1000), "1k");
+        assert_eq!(format_bytes(1023), "1023");
+        assert_eq!(format_bytes(954 << 20), "954Mi");
         assert_eq!(format_bytes(2048), "2Ki");
         assert_eq!(format_bytes(0), "0");
         assert_eq!(parse_bytes(&format_bytes(12345 << 20)), Some(12345 << 20));

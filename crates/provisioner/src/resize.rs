@@ -1,13 +1,20 @@
 //! "Does this claim need its volume expanded?" (pure).
 //!
-//! Mirrors the external-resizer: a bound claim of ours whose requested size exceeds its
-//! reported capacity, in a class with `allowVolumeExpansion: true`, is expanded. A request
-//! below the capacity (shrink) is reported and otherwise ignored: volumes never shrink.
+//! Mirrors the external-resizer: a bound claim of ours whose request is **greater** than its
+//! `status.capacity`, in a class with `allowVolumeExpansion: true`, is expanded. A request at or
+//! below the capacity needs nothing, whatever units it is written in: a `1G` claim provisioned
+//! as `954Mi` (rounded up to whole MiB) has nothing to resize. Quantities are compared exactly
+//! (`1G` < `954Mi`), never after a conversion.
+//!
+//! A shrink is a request lowered below what the volume was already expanded for
+//! (`status.allocatedResources`, the request the resizer last acted on) while the volume
+//! already has more than the new request: reported, never done. (The API server itself refuses
+//! requests below `status.capacity`.)
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use crate::quantity::{claim_capacity_bytes, claim_request_bytes, volume_capacity_bytes};
+use crate::quantity::{self, ParsedQuantity};
 
 /// Claim condition saying the filesystem still has to grow on the node.
 pub const CONDITION_FS_RESIZE_PENDING: &str = "FileSystemResizePending";
@@ -15,21 +22,26 @@ pub const CONDITION_FS_RESIZE_PENDING: &str = "FileSystemResizePending";
 pub const CONDITION_RESIZING: &str = "Resizing";
 
 /// What to do about a claim's size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResizeDecision {
     /// Nothing to do.
     Nothing,
     /// Grow the volume to `requested` bytes.
     Expand {
-        /// The claim's requested size in bytes.
+        /// The claim's requested size in bytes (rounded up to a whole byte).
         requested: u64,
     },
-    /// The claim asks for less than it has: warn, change nothing.
+    /// The claim asks for less than the volume was already expanded for: warn, change nothing.
     Shrink {
-        /// The claim's requested size in bytes.
-        requested: u64,
-        /// The claim's current capacity in bytes.
-        capacity: u64,
+        /// The claim's request, as written.
+        requested: String,
+        /// `status.allocatedResources.storage`, as written.
+        allocated: String,
+    },
+    /// The request does not fit in 64 bits of bytes: no volume can be that large.
+    TooLarge {
+        /// The claim's request, as written.
+        requested: String,
     },
 }
 
@@ -45,6 +57,12 @@ pub fn has_condition(claim: &PersistentVolumeClaim, kind: &str) -> bool {
                 .iter()
                 .any(|c| c.type_ == kind && c.status == "True")
         })
+}
+
+fn parsed(
+    q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+) -> Option<ParsedQuantity> {
+    quantity::parse(&q?.0).ok()
 }
 
 /// Decides whether `claim`, bound to `volume` of `class`, needs expansion.
@@ -69,29 +87,41 @@ pub fn decide(
     if !crate::pv::is_ours(volume, our_names) || class.allow_volume_expansion != Some(true) {
         return ResizeDecision::Nothing;
     }
-    let (Some(requested), Some(capacity)) =
-        (claim_request_bytes(claim), claim_capacity_bytes(claim))
-    else {
+    let (Some(request_text), Some(requested), Some(capacity)) = (
+        quantity::claim_request(claim),
+        parsed(quantity::claim_request(claim)),
+        parsed(quantity::claim_capacity(claim)),
+    ) else {
         return ResizeDecision::Nothing;
     };
-    // The API server refuses requests below status.capacity, but a claim whose volume already
-    // grew (status not yet updated) may be lowered below the volume's size: also a shrink.
-    let volume_size = volume_capacity_bytes(volume).unwrap_or(0);
-    let current = capacity.max(volume_size);
-    if requested < current {
-        return ResizeDecision::Shrink {
-            requested,
-            capacity: current,
-        };
-    }
-    if requested == capacity {
+    if requested <= capacity {
+        // Already at least as large as asked (e.g. rounded up at provisioning).
         return ResizeDecision::Nothing;
     }
-    if volume_size >= requested && has_condition(claim, CONDITION_FS_RESIZE_PENDING) {
+    let volume_size = parsed(quantity::volume_capacity(volume));
+    if let Some(allocated) = quantity::claim_allocated(claim)
+        && parsed(Some(allocated)).is_some_and(|a| requested < a)
+        && volume_size.as_ref().is_some_and(|v| *v > requested)
+    {
+        return ResizeDecision::Shrink {
+            requested: request_text.0.clone(),
+            allocated: allocated.0.clone(),
+        };
+    }
+    let Some(requested_bytes) = requested.to_u64_ceil() else {
+        return ResizeDecision::TooLarge {
+            requested: request_text.0.clone(),
+        };
+    };
+    if volume_size.is_some_and(|v| v >= requested)
+        && has_condition(claim, CONDITION_FS_RESIZE_PENDING)
+    {
         // Controller side done; the kubelet finishes the resize on the node.
         return ResizeDecision::Nothing;
     }
-    ResizeDecision::Expand { requested }
+    ResizeDecision::Expand {
+        requested: requested_bytes,
+    }
 }
 
 #[cfg(test)]
@@ -111,6 +141,13 @@ mod tests {
 
     fn storage(q: &str) -> std::collections::BTreeMap<String, Quantity> {
         [("storage".to_owned(), Quantity(q.to_owned()))].into()
+    }
+
+    fn with_allocated(mut claim: PersistentVolumeClaim, allocated: &str) -> PersistentVolumeClaim {
+        if let Some(status) = claim.status.as_mut() {
+            status.allocated_resources = Some(storage(allocated));
+        }
+        claim
     }
 
     fn claim(requested: &str, capacity: &str) -> PersistentVolumeClaim {
@@ -196,17 +233,102 @@ mod tests {
     }
 
     #[test]
-    fn shrink_is_reported_not_done() {
+    fn request_at_or_below_capacity_needs_nothing_in_any_units() {
+        // Provisioned in whole MiB: the capacity is above a decimal request.
+        for (request, capacity) in [
+            ("1G", "954Mi"),
+            ("10G", "9537Mi"),
+            ("500M", "477Mi"),
+            ("100m", "1Mi"),
+            ("0.5", "1Mi"),
+            ("1e3", "1Mi"),
+            ("1", "1Mi"),
+            ("1.5Gi", "1536Mi"),
+            ("1Gi", "2Gi"),
+        ] {
+            for allocated in [None, Some(request)] {
+                let mut c = claim(request, capacity);
+                if let Some(a) = allocated {
+                    c = with_allocated(c, a);
+                }
+                assert_eq!(
+                    decide(&c, &volume(capacity), &class(Some(true)), &names()),
+                    ResizeDecision::Nothing,
+                    "{request} with capacity {capacity}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn shrink_below_what_the_volume_grew_for_is_reported_not_done() {
+        // Grown for 2Gi (node step pending), then lowered to 1536Mi.
         assert_eq!(
             decide(
-                &claim("1Gi", "2Gi"),
+                &with_allocated(claim("1536Mi", "1Gi"), "2Gi"),
                 &volume("2Gi"),
                 &class(Some(true)),
                 &names()
             ),
             ResizeDecision::Shrink {
-                requested: GI,
-                capacity: 2 * GI
+                requested: "1536Mi".to_owned(),
+                allocated: "2Gi".to_owned(),
+            }
+        );
+        // Lowered after a failed expansion (the volume never grew): expand to the new request,
+        // as the external-resizer's recovery from expansion failures does.
+        assert_eq!(
+            decide(
+                &with_allocated(claim("1536Mi", "1Gi"), "100Gi"),
+                &volume("1Gi"),
+                &class(Some(true)),
+                &names()
+            ),
+            ResizeDecision::Expand {
+                requested: 1536 << 20
+            }
+        );
+    }
+
+    #[test]
+    fn decimal_growth_waits_for_the_node_without_a_shrink() {
+        // 10G grown to 20G: the image is 19074Mi, a little more than 20G.
+        let mut pending = with_allocated(claim("20G", "9537Mi"), "20G");
+        if let Some(status) = pending.status.as_mut() {
+            status.conditions = Some(vec![PersistentVolumeClaimCondition {
+                type_: CONDITION_FS_RESIZE_PENDING.to_owned(),
+                status: "True".to_owned(),
+                ..Default::default()
+            }]);
+        }
+        assert_eq!(
+            decide(&pending, &volume("19074Mi"), &class(Some(true)), &names()),
+            ResizeDecision::Nothing
+        );
+        assert_eq!(
+            decide(
+                &with_allocated(claim("20G", "9537Mi"), "20G"),
+                &volume("9537Mi"),
+                &class(Some(true)),
+                &names()
+            ),
+            ResizeDecision::Expand {
+                requested: 20_000_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn request_beyond_64_bits_is_too_large() {
+        assert_eq!(
+            decide(
+                &claim("20E", "1Gi"),
+                &volume("1Gi"),
+                &class(Some(true)),
+                &names()
+            ),
+            ResizeDecision::TooLarge {
+                requested: "20E".to_owned()
             }
         );
     }
@@ -238,7 +360,9 @@ mod tests {
     }
 
     #[test]
-    fn request_below_grown_volume_is_a_shrink() {
+    fn request_below_grown_volume_without_allocated_resources_completes_the_resize() {
+        // No record of what the volume grew for: not a shrink; the (idempotent) expand finishes
+        // the status updates.
         assert_eq!(
             decide(
                 &claim("1536Mi", "1Gi"),
@@ -246,9 +370,8 @@ mod tests {
                 &class(Some(true)),
                 &names()
             ),
-            ResizeDecision::Shrink {
-                requested: 1536 << 20,
-                capacity: 2 * GI
+            ResizeDecision::Expand {
+                requested: 1536 << 20
             }
         );
     }

@@ -2,7 +2,8 @@
 //! `Resizing` -> backend expand -> PV capacity raised -> claim status.
 //!
 //! # Flow
-//! 1. [`resize::decide`] says `Expand` (or `Shrink`: a Warning, nothing changes).
+//! 1. [`resize::decide`] says `Expand` (or `Shrink`/`TooLarge`: a Warning, nothing changes; a
+//!    request at or below `status.capacity`, e.g. `1G` provisioned as `954Mi`, is `Nothing`).
 //! 2. `Resizing` event; the [`Expander`](crate::Expander) grows the volume.
 //! 3. PV `spec.capacity.storage` is raised to the new size.
 //! 4. If the node must still grow the filesystem: claim condition `FileSystemResizePending`
@@ -23,7 +24,7 @@ use kube::{Resource, ResourceExt};
 
 use super::{Retry, Shared, error_chain};
 use crate::events::EventType;
-use crate::quantity::{self, format_bytes};
+use crate::quantity;
 use crate::resize::{self, CONDITION_FS_RESIZE_PENDING, CONDITION_RESIZING, ResizeDecision};
 use crate::volume::ExpandOutcome;
 
@@ -67,14 +68,20 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
         ResizeDecision::Nothing => return Ok(()),
         ResizeDecision::Shrink {
             requested,
-            capacity,
+            allocated,
         } => {
             let message = format!(
-                "requested size {} is smaller than the current capacity {}: volumes cannot shrink; \
-                 set spec.resources.requests.storage back to at least {}",
-                format_bytes(requested),
-                format_bytes(capacity),
-                format_bytes(capacity)
+                "requested size {requested} is smaller than {allocated}, the size the volume was \
+                 already expanded for (status.allocatedResources): volumes cannot shrink; set \
+                 spec.resources.requests.storage back to at least {allocated}"
+            );
+            shared.event(&claim, EventType::Warning, VOLUME_RESIZE_FAILED, &message);
+            return Ok(());
+        }
+        ResizeDecision::TooLarge { requested } => {
+            let message = format!(
+                "requested size {requested} is larger than {} bytes, the most any volume can hold",
+                u64::MAX
             );
             shared.event(&claim, EventType::Warning, VOLUME_RESIZE_FAILED, &message);
             return Ok(());
@@ -88,7 +95,7 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
         RESIZING,
         &format!("External resizer is resizing volume {volume_name}"),
     );
-    if let Err(error) = mark_resizing(shared, &claim, requested).await {
+    if let Err(error) = mark_resizing(shared, &claim).await {
         // Informational only (the external-resizer's `Resizing` condition): the resize itself
         // goes on, and the final status write replaces these fields anyway.
         tracing::warn!(claim = %claim.name_any(), %error, "could not mark the claim as resizing");
@@ -98,9 +105,10 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
         Ok(outcome) if outcome.capacity_bytes >= requested => outcome,
         Ok(outcome) => {
             let message = format!(
-                "resize volume {volume_name:?} failed: the backend reported {} after a request for {}",
-                format_bytes(outcome.capacity_bytes),
-                format_bytes(requested)
+                "resize volume {volume_name:?} failed: the backend reported {} bytes after a \
+                 request for {} ({requested} bytes)",
+                outcome.capacity_bytes,
+                request_text(&claim)
             );
             return fail(shared, &claim, &class_name, &message);
         }
@@ -200,13 +208,20 @@ async fn raise_volume_capacity(
     .map(|_| ())
 }
 
+/// The claim's request as written (for messages).
+fn request_text(claim: &PersistentVolumeClaim) -> String {
+    quantity::claim_request(claim).map_or_else(String::new, |q| q.0.clone())
+}
+
+/// The claim's request as written, for `status.allocatedResources` (the external-resizer
+/// records the request itself there, not the size the backend rounded it up to).
+fn allocated(claim: &PersistentVolumeClaim) -> serde_json::Value {
+    quantity::claim_request(claim).map_or(serde_json::Value::Null, |q| serde_json::json!(q))
+}
+
 /// What the external-resizer writes when it starts: the `Resizing` condition,
 /// `allocatedResources` = the requested size and `ControllerResizeInProgress`.
-async fn mark_resizing(
-    shared: &Shared,
-    claim: &PersistentVolumeClaim,
-    requested: u64,
-) -> Result<(), kube::Error> {
+async fn mark_resizing(shared: &Shared, claim: &PersistentVolumeClaim) -> Result<(), kube::Error> {
     let api: Api<PersistentVolumeClaim> = Api::namespaced(
         shared.client.clone(),
         claim.meta().namespace.as_deref().unwrap_or("default"),
@@ -229,7 +244,7 @@ async fn mark_resizing(
     }));
     let status = serde_json::json!({
         "conditions": conditions,
-        "allocatedResources": { "storage": quantity::quantity(requested) },
+        "allocatedResources": { "storage": allocated(claim) },
         "allocatedResourceStatuses": { "storage": "ControllerResizeInProgress" },
     });
     api.patch_status(
@@ -271,7 +286,7 @@ async fn update_claim_status(
         }));
         serde_json::json!({
             "conditions": conditions,
-            "allocatedResources": { "storage": size },
+            "allocatedResources": { "storage": allocated(claim) },
             // What the kubelet looks at (RecoverVolumeExpansionFailure) to grow the filesystem.
             "allocatedResourceStatuses": { "storage": "NodeResizePending" },
         })
@@ -279,7 +294,7 @@ async fn update_claim_status(
         serde_json::json!({
             "conditions": conditions,
             "capacity": { "storage": size },
-            "allocatedResources": { "storage": size },
+            "allocatedResources": { "storage": allocated(claim) },
             "allocatedResourceStatuses": null,
         })
     };
