@@ -139,20 +139,24 @@ impl LeaderElector {
     /// the `Result` is for future use and for callers' `?`.
     pub async fn acquire(&self) -> Result<Leadership, LeaderError> {
         let mut observed = None;
-        loop {
+        let renewed_at = loop {
+            let started = Instant::now();
             match self.try_acquire_or_renew(&mut observed).await {
-                Ok(Attempt::Leading) => break,
+                Ok(Attempt::Leading) => break started,
                 Ok(Attempt::HeldByOther | Attempt::Conflict) => {}
                 Err(error) => {
                     tracing::warn!(lease = %self.config.lease_name, %error, "leader election attempt failed");
                 }
             }
             tokio::time::sleep(jittered(self.config.retry_period)).await;
-        }
+        };
         tracing::info!(lease = %self.config.lease_name, identity = %self.config.identity, "became leader");
         let (lost_tx, lost_rx) = watch::channel(false);
         let (stop_tx, stop_rx) = oneshot::channel();
-        let task = tokio::spawn(self.clone().renew_loop(observed, lost_tx, stop_rx));
+        let task = tokio::spawn(
+            self.clone()
+                .renew_loop(observed, renewed_at, lost_tx, stop_rx),
+        );
         Ok(Leadership {
             lost: lost_rx,
             stop: Some(stop_tx),
@@ -161,40 +165,48 @@ impl LeaderElector {
         })
     }
 
+    /// Renews every `retry_period` until stopped or lost.
+    ///
+    /// The renew deadline is one deadline, counted from the start of the last successful
+    /// renewal (when the `renewTime` others judge us by was taken): whatever the API does, the
+    /// lease is declared lost by then, so with `renew_deadline < lease_duration` this leader
+    /// stops before any other instance may take over. An attempt still hanging at the deadline
+    /// is abandoned (client-go's semantics).
     async fn renew_loop(
         self,
         mut observed: Option<Observed>,
+        mut renewed_at: Instant,
         lost: watch::Sender<bool>,
         mut stop: oneshot::Receiver<()>,
     ) -> Option<Observed> {
-        let mut last_renewal = Instant::now();
+        let lease = &self.config.lease_name;
         loop {
+            let deadline = renewed_at + self.config.renew_deadline;
+            let next = (Instant::now() + self.config.retry_period).min(deadline);
             tokio::select! {
                 _ = &mut stop => return observed,
-                () = tokio::time::sleep(self.config.retry_period) => {}
+                () = tokio::time::sleep_until(next) => {}
             }
-            let attempt = tokio::time::timeout(
-                self.config.renew_deadline,
-                self.try_acquire_or_renew(&mut observed),
-            )
-            .await;
-            match attempt {
-                Ok(Ok(Attempt::Leading)) => last_renewal = Instant::now(),
+            let started = Instant::now();
+            if started >= deadline {
+                tracing::error!(%lease, "could not renew the lease within the renew deadline");
+                break;
+            }
+            match tokio::time::timeout_at(deadline, self.try_acquire_or_renew(&mut observed)).await
+            {
+                Ok(Ok(Attempt::Leading)) => renewed_at = started,
                 Ok(Ok(Attempt::HeldByOther)) => {
-                    tracing::error!(lease = %self.config.lease_name, "lease taken by another instance");
+                    tracing::error!(%lease, "lease taken by another instance");
                     break;
                 }
                 Ok(Ok(Attempt::Conflict)) => {}
                 Ok(Err(error)) => {
-                    tracing::warn!(lease = %self.config.lease_name, %error, "lease renewal failed");
+                    tracing::warn!(%lease, %error, "lease renewal failed");
                 }
                 Err(_) => {
-                    tracing::warn!(lease = %self.config.lease_name, "lease renewal timed out");
+                    tracing::error!(%lease, "lease renewal still unanswered at the renew deadline");
+                    break;
                 }
-            }
-            if last_renewal.elapsed() >= self.config.renew_deadline {
-                tracing::error!(lease = %self.config.lease_name, "could not renew lease in time");
-                break;
             }
         }
         let _ = lost.send(true);

@@ -259,10 +259,18 @@ impl Controller {
             () = leadership.lost() => Err(ControllerError::LeaseLost),
         };
         metrics.set_leader(&lease, false);
-        if !matches!(result, Err(ControllerError::LeaseLost))
-            && let Err(error) = leadership.release().await
-        {
-            tracing::warn!(%error, "could not release the lease");
+        if !matches!(result, Err(ControllerError::LeaseLost)) {
+            // An unreachable API server must not hold the exit up: the lease then simply
+            // expires for the successor.
+            let bound = elector.config().renew_deadline;
+            match tokio::time::timeout(bound, leadership.release()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::warn!(%error, "could not release the lease"),
+                Err(_) => tracing::warn!(
+                    ?bound,
+                    "could not release the lease: the API server did not answer in time"
+                ),
+            }
         }
         result
     }

@@ -172,3 +172,56 @@ async fn two_elected_controllers_racing_over_200_claims_create_one_volume_each()
     assert_eq!(pvs.items.len(), 200);
     b.stop().await.unwrap();
 }
+
+/// The renew deadline is one deadline from the last successful renewal: a leader whose lease
+/// requests hang gives up before its lease could expire for anyone else, even when the retry
+/// period plus the renew deadline exceed the lease duration.
+#[tokio::test]
+async fn stalled_renewals_stop_the_leader_before_its_lease_could_expire() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "fast", ClassSpec::default()).await;
+    let lease_duration = std::time::Duration::from_millis(1500);
+    let mut le = provisioner::LeaderElectionConfig::new(PROVISIONER, NS, "a");
+    le.lease_duration = lease_duration;
+    le.renew_deadline = std::time::Duration::from_millis(1000);
+    le.retry_period = std::time::Duration::from_millis(700);
+    let controller = provisioner::Controller::new(client.clone(), config(), FakeBackend::new());
+    let a = tokio::spawn(controller.run_with_leader_election(
+        provisioner::LeaderElector::new(client.clone(), le),
+        std::future::pending::<()>(),
+    ));
+    let first = wait_for_holder(&client, "a").await;
+    let renew_time = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+    // Catch a renewal as it lands, then hang every later lease request.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let renewed = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let now = leases.get(&lease_name_for(PROVISIONER)).await.unwrap();
+            if renew_time(&now) != renew_time(&first) {
+                break tokio::time::Instant::now();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the leader renews");
+    for verb in ["get", "update", "create"] {
+        emu.faults()
+            .delay_next(verb, "leases", 1000, std::time::Duration::from_secs(60));
+    }
+    let result = tokio::time::timeout(DEADLINE, a)
+        .await
+        .expect("the leader gives up")
+        .unwrap();
+    let stopped = renewed.elapsed();
+    assert!(
+        matches!(result, Err(ControllerError::LeaseLost)),
+        "{result:?}"
+    );
+    assert!(
+        stopped < lease_duration,
+        "the leader stopped {stopped:?} after its last renewal landed; a successor may take over after {lease_duration:?}"
+    );
+}
