@@ -149,7 +149,13 @@ impl Cluster {
         let target = format!("client.{}@{}", cfg.user, cfg.monitors);
         let joined = tokio::time::timeout(
             deadline,
-            tokio::task::spawn_blocking(move || Rados::connect(&cfg2)),
+            tokio::task::spawn_blocking({
+                let call = crate::lifecycle::Call::start();
+                move || {
+                    let _call = call;
+                    Rados::connect(&cfg2)
+                }
+            }),
         )
         .instrument(span)
         .await;
@@ -212,8 +218,14 @@ impl Cluster {
         let started = std::time::Instant::now();
         // librados' own op timeouts end a stuck call; ours is a backstop a little later.
         let deadline = self.op_timeout + Duration::from_secs(2);
+        // counted until the call itself returns, also after our deadline gave up on it
+        let call = crate::lifecycle::Call::start();
+        let blocking = tokio::task::spawn_blocking(move || {
+            let _call = call;
+            f(&rados)
+        });
         let result =
-            match tokio::time::timeout(deadline, tokio::task::spawn_blocking(move || f(&rados)))
+            match tokio::time::timeout(deadline, blocking)
                 .instrument(span.clone())
                 .await
             {

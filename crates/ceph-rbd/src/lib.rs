@@ -24,6 +24,7 @@ mod cluster;
 mod config;
 mod error;
 mod features;
+mod lifecycle;
 mod pool;
 mod probe;
 mod raw;
@@ -34,4 +35,5 @@ pub use cluster::{
 pub use config::{ClusterConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, Secret};
 pub use error::Error;
 pub use features::Features;
+pub use lifecycle::{ShutdownReport, busy_calls, shutdown};
 pub use pool::{ConnectionPool, PoolOptions};

@@ -35,13 +35,13 @@ struct Slot {
 }
 
 /// Shared connections. Clone it freely: clones share the connections.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ConnectionPool {
     inner: Arc<Inner>,
 }
 
 #[derive(Default)]
-struct Inner {
+pub(crate) struct Inner {
     options: PoolOptions,
     slots: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<Slot>>>>,
 }
@@ -57,12 +57,12 @@ impl std::fmt::Debug for ConnectionPool {
 
 impl ConnectionPool {
     pub fn new(options: PoolOptions) -> ConnectionPool {
-        ConnectionPool {
-            inner: Arc::new(Inner {
-                options,
-                slots: Mutex::default(),
-            }),
-        }
+        let inner = Arc::new(Inner {
+            options,
+            slots: Mutex::default(),
+        });
+        crate::lifecycle::register_pool(Arc::downgrade(&inner));
+        ConnectionPool { inner }
     }
 
     /// A healthy connection for `cfg`, connecting if needed.
@@ -115,6 +115,12 @@ impl ConnectionPool {
         slots.retain(|_, slot| Arc::strong_count(slot) > 1);
     }
 
+    /// Drops every connection (at process end: [`crate::shutdown`]). A connection a caller still
+    /// holds is shut down when that caller drops it.
+    pub fn close_all(&self) {
+        self.inner.close_all();
+    }
+
     fn expire_idle(&self, slots: &mut HashMap<Key, Arc<tokio::sync::Mutex<Slot>>>) {
         let idle = self.inner.options.idle_timeout;
         slots.retain(|_, slot| {
@@ -124,5 +130,29 @@ impl ConnectionPool {
             };
             guard.last_used.is_none_or(|t| t.elapsed() < idle)
         });
+    }
+}
+
+impl Default for ConnectionPool {
+    fn default() -> Self {
+        ConnectionPool::new(PoolOptions::default())
+    }
+}
+
+impl Inner {
+    pub(crate) fn close_all(&self) {
+        let slots: Vec<_> = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain()
+            .map(|(_, slot)| slot)
+            .collect();
+        for slot in slots {
+            // a slot being connected right now keeps its connection until that `get` returns
+            if let Ok(mut slot) = slot.try_lock() {
+                slot.cluster = None;
+            }
+        }
     }
 }

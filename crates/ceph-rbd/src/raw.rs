@@ -187,10 +187,23 @@ impl Rados {
     }
 }
 
+/// A `rados_t` on its way to the reaper thread.
+struct Handle(ffi::rados_t);
+
+// SAFETY: a rados_t may be shut down from any thread once nothing else uses it.
+unsafe impl Send for Handle {}
+
 impl Drop for Rados {
     fn drop(&mut self) {
-        // SAFETY: the handle came from rados_create and is shut down exactly once.
-        unsafe { ffi::rados_shutdown(self.handle) };
+        let handle = Handle(self.handle);
+        // rados_shutdown joins Ceph's threads and may block for long: never on an async worker
+        // or under a lock, so it runs on the reaper thread.
+        crate::lifecycle::close_later(Box::new(move || {
+            let handle = handle;
+            // SAFETY: the handle came from rados_create, no borrow of it remains (IoCtx and
+            // Image borrow the Rados being dropped), and it is shut down exactly once.
+            unsafe { ffi::rados_shutdown(handle.0) };
+        }));
     }
 }
 

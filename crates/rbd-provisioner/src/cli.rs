@@ -149,6 +149,11 @@ pub struct ProvisionerArgs {
     /// Retry period of acquire and renew.
     #[arg(long, default_value = "2s", value_parser = duration)]
     pub leader_election_retry_period: Duration,
+    /// On SIGTERM/SIGINT, how long in-flight operations may take to finish before the process
+    /// exits (Ceph calls still running then get a few more seconds; keep the sum below the
+    /// pod's terminationGracePeriodSeconds, 30 s by default).
+    #[arg(long, default_value = "20s", value_parser = duration)]
+    pub shutdown_grace_period: Duration,
 }
 
 /// Long flags that Go's flag package let users write with one dash.

@@ -6,6 +6,7 @@ mod cli;
 mod crashpoint;
 mod csi;
 mod duration;
+mod exit;
 mod gc;
 mod image;
 mod kube_client;
@@ -43,7 +44,7 @@ fn main() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rbd-provisioner: starting the async runtime: {e}");
-            std::process::exit(1);
+            exit::exit(1);
         }
     };
     let result = runtime.block_on(async {
@@ -61,7 +62,7 @@ fn main() {
             1
         }
     };
-    // A librbd call stuck on an unreachable OSD must not keep the process from exiting (a
-    // runtime waits for its blocking threads when dropped): leave without waiting.
-    std::process::exit(code);
+    // Never return from main or call process::exit: see exit.rs. The runtime is not dropped
+    // either (it would wait for librbd calls stuck on an unreachable OSD).
+    exit::exit(code);
 }

@@ -46,6 +46,7 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
     config.failure_threshold = (args.failure_threshold > 0).then_some(args.failure_threshold);
     config.resync_period = args.resync_period;
     config.add_finalizer = args.add_finalizer;
+    config.shutdown_grace_period = args.shutdown_grace_period;
     config.step_hook = Some(crate::crashpoint::hit);
 
     let mut registry = Registry::default();

@@ -1,0 +1,184 @@
+//! Process-wide accounting of Ceph work, for an orderly end of the process.
+//!
+//! librados and librbd run threads of their own (messenger, timers, librbd's work queues) that
+//! keep using libceph-common's static objects. A process that returns from `main` or calls
+//! `exit` runs C++ static destructors and `atexit` handlers while those threads still run, and
+//! may die of SIGABRT or SIGSEGV instead of exiting with its status. Hence:
+//!
+//! * every blocking librados/librbd call is counted while it runs ([`busy_calls`]), also after
+//!   the async caller stopped waiting for it;
+//! * cluster handles are shut down (`rados_shutdown`, which joins Ceph's threads and may block)
+//!   on one dedicated thread, never on an async worker or under a lock;
+//! * [`shutdown`] closes every pooled connection and waits, up to a bound, until no call runs
+//!   and every handle is shut down. Whatever it reports, the process should then end with
+//!   `_exit` (no destructors), as a Go program's `os.Exit` does.
+
+use std::sync::mpsc;
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Counters guarded by one mutex, so waiters can sleep on [`changed`].
+#[derive(Default)]
+struct Counts {
+    /// Blocking Ceph calls running now.
+    calls: usize,
+    /// Cluster handles handed to the reaper and not yet shut down.
+    closing: usize,
+}
+
+fn counts() -> &'static (Mutex<Counts>, Condvar) {
+    static COUNTS: OnceLock<(Mutex<Counts>, Condvar)> = OnceLock::new();
+    COUNTS.get_or_init(Default::default)
+}
+
+fn update(f: impl FnOnce(&mut Counts)) {
+    let (lock, changed) = counts();
+    let mut c = lock.lock().unwrap_or_else(PoisonError::into_inner);
+    f(&mut c);
+    changed.notify_all();
+}
+
+/// Marks one blocking Ceph call as running until dropped.
+pub(crate) struct Call(());
+
+impl Call {
+    pub(crate) fn start() -> Call {
+        update(|c| c.calls += 1);
+        Call(())
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        update(|c| c.calls = c.calls.saturating_sub(1));
+    }
+}
+
+/// Blocking librados/librbd calls running in this process now (including ones whose caller
+/// gave up waiting at its deadline).
+#[must_use]
+pub fn busy_calls() -> usize {
+    let (lock, _) = counts();
+    lock.lock().unwrap_or_else(PoisonError::into_inner).calls
+}
+
+/// A handle to shut down, sent to the reaper thread.
+pub(crate) type Closer = Box<dyn FnOnce() + Send>;
+
+/// Hands `close` (a `rados_shutdown`) to the reaper thread; runs it inline if the thread cannot
+/// be started.
+pub(crate) fn close_later(close: Closer) {
+    static REAPER: OnceLock<Option<Mutex<mpsc::Sender<Closer>>>> = OnceLock::new();
+    let reaper = REAPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Closer>();
+        std::thread::Builder::new()
+            .name("rados-reaper".into())
+            .spawn(move || {
+                for close in rx {
+                    close();
+                    update(|c| c.closing = c.closing.saturating_sub(1));
+                }
+            })
+            .ok()
+            .map(|_| Mutex::new(tx))
+    });
+    update(|c| c.closing += 1);
+    let close = match reaper {
+        Some(tx) => match tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send(close)
+        {
+            Ok(()) => return,
+            Err(mpsc::SendError(close)) => close,
+        },
+        None => close,
+    };
+    close();
+    update(|c| c.closing = c.closing.saturating_sub(1));
+}
+
+/// Pools to close at shutdown (weakly held: a dropped pool just disappears).
+pub(crate) fn register_pool(pool: std::sync::Weak<crate::pool::Inner>) {
+    let mut pools = pools().lock().unwrap_or_else(PoisonError::into_inner);
+    pools.retain(|p| p.strong_count() > 0);
+    pools.push(pool);
+}
+
+fn pools() -> &'static Mutex<Vec<std::sync::Weak<crate::pool::Inner>>> {
+    static POOLS: OnceLock<Mutex<Vec<std::sync::Weak<crate::pool::Inner>>>> = OnceLock::new();
+    POOLS.get_or_init(Default::default)
+}
+
+/// What [`shutdown`] achieved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Blocking calls still running at the bound (stuck on an unreachable OSD or monitor).
+    pub calls_running: usize,
+    /// Cluster handles whose `rados_shutdown` had not returned at the bound.
+    pub handles_open: usize,
+}
+
+impl ShutdownReport {
+    /// Every call returned and every handle was shut down.
+    #[must_use]
+    pub fn is_clean(&self) -> bool {
+        self.calls_running == 0 && self.handles_open == 0
+    }
+}
+
+/// Closes every pooled connection and waits up to `bound` for running calls to return and for
+/// every cluster handle to be shut down. Blocking: call it outside async code (e.g. after the
+/// runtime's `block_on` returned), then end the process with `_exit`.
+///
+/// Connections a caller still holds are shut down when the caller drops them; a call stuck at
+/// the bound is left running (the report says how many).
+pub fn shutdown(bound: Duration) -> ShutdownReport {
+    let pools: Vec<_> = pools()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .drain(..)
+        .filter_map(|p| p.upgrade())
+        .collect();
+    for pool in pools {
+        pool.close_all();
+    }
+    let end = Instant::now() + bound;
+    let (lock, changed) = counts();
+    let mut c = lock.lock().unwrap_or_else(PoisonError::into_inner);
+    while c.calls > 0 || c.closing > 0 {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        c = changed
+            .wait_timeout(c, end - now)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+    ShutdownReport {
+        calls_running: c.calls,
+        handles_open: c.closing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shutdown_waits_for_running_calls_and_closing_handles() {
+        let call = Call::start();
+        let (tx, rx) = mpsc::channel::<()>();
+        close_later(Box::new(move || {
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+        }));
+        // both still busy: the bound is reached
+        let report = shutdown(Duration::from_millis(50));
+        assert!(report.calls_running >= 1 && report.handles_open >= 1, "{report:?}");
+        drop(call);
+        let _ = tx.send(());
+        let report = shutdown(Duration::from_secs(10));
+        assert!(report.is_clean(), "{report:?}");
+    }
+}
