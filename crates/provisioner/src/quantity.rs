@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+/// `canonicalize(text)`: the text kube-apiserver stores for a quantity written as `text`.
+pub use kube_quantity::canonicalize;
 pub use kube_quantity::{ParseError, Quantity as ParsedQuantity};
 
 /// Parses a quantity exactly (`10Gi`, `1G`, `1.5Gi`, `100m`, `1e9`).

@@ -129,6 +129,12 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// One MiB.
 pub const MIB: u64 = 1 << 20;
+/// The largest volume: the last whole MiB below 2^63 bytes (9223372036853727232 bytes, 8Ei
+/// minus 1Mi). CSI sizes are signed 64-bit and the Linux block layer stops at 2^63-1 bytes, so
+/// a larger image could never be used (librbd itself accepts larger sizes).
+pub const MAX_SIZE: u64 = (1 << 63) - MIB;
+/// [`MAX_SIZE`] as people read it.
+pub const MAX_SIZE_TEXT: &str = "9223372036853727232 bytes (8Ei minus 1Mi)";
 /// Size of a volume created without a capacity request.
 pub const DEFAULT_SIZE: u64 = 1 << 30;
 
@@ -136,7 +142,8 @@ pub const DEFAULT_SIZE: u64 = 1 << 30;
 /// neither bound is set, `limit` (rounded down to MiB) when only the limit is set and is smaller.
 ///
 /// # Errors
-/// When the range is negative or cannot be met in whole MiB (`OUT_OF_RANGE`).
+/// When the range is negative, cannot be met in whole MiB or needs more than [`MAX_SIZE`]
+/// (`OUT_OF_RANGE`).
 pub fn size_for_range(required: i64, limit: i64) -> Result<u64, String> {
     let required = u64::try_from(required).map_err(|_| "required_bytes is negative".to_owned())?;
     let limit = u64::try_from(limit).map_err(|_| "limit_bytes is negative".to_owned())?;
@@ -147,7 +154,13 @@ pub fn size_for_range(required: i64, limit: i64) -> Result<u64, String> {
             DEFAULT_SIZE.min(limit / MIB * MIB)
         }
     } else {
-        required.div_ceil(MIB) * MIB
+        let size = required.div_ceil(MIB) * MIB;
+        if size > MAX_SIZE {
+            return Err(format!(
+                "required_bytes={required} is larger than the largest RBD volume, {MAX_SIZE_TEXT}"
+            ));
+        }
+        size
     };
     if size == 0 || (limit != 0 && size > limit) {
         return Err(format!(
@@ -216,6 +229,20 @@ mod tests {
         assert_eq!(size_for_range(0, 10 * MIB as i64).unwrap(), 10 * MIB);
         assert!(size_for_range(MIB as i64 + 1, MIB as i64 + 2).is_err());
         assert!(size_for_range(-1, 0).is_err());
+    }
+
+    #[test]
+    fn sizes_stop_at_the_largest_volume() {
+        assert_eq!(size_for_range(MAX_SIZE as i64, 0).unwrap(), MAX_SIZE);
+        assert_eq!(size_for_range(MAX_SIZE as i64 - 1, 0).unwrap(), MAX_SIZE);
+        let e = size_for_range(MAX_SIZE as i64 + 1, 0).unwrap_err();
+        assert!(
+            e.contains("required_bytes=") && e.contains(MAX_SIZE_TEXT),
+            "{e}"
+        );
+        assert!(size_for_range(i64::MAX, 0).is_err());
+        assert_eq!(size_for_range(0, i64::MAX).unwrap(), DEFAULT_SIZE);
+        assert_eq!(MAX_SIZE, 9_223_372_036_853_727_232);
     }
 
     #[test]

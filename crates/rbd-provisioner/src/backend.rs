@@ -299,8 +299,8 @@ impl Provisioner for RbdBackend {
         let params = Parameters::parse(&class.parameters.clone().unwrap_or_default())
             .map_err(ProvisionError::final_error)?;
         claim::check_modes(&options.claim).map_err(ProvisionError::final_error)?;
-        let size =
-            claim::image_size(options.requested_bytes()).map_err(ProvisionError::final_error)?;
+        let request = provisioner::quantity::claim_request(&options.claim).map(|q| q.0.as_str());
+        let size = claim::image_size(request).map_err(ProvisionError::final_error)?;
         let key = secrets::read_key(
             &self.client,
             &params.admin_secret_namespace,
@@ -411,7 +411,12 @@ impl Expander for RbdBackend {
             .cluster(&location.monitors, &admin_id, key)
             .await
             .map_err(ExpandError::new)?;
-        let size = claim::image_size(Some(new_size_bytes)).map_err(ExpandError::new)?;
+        let size = claim::size_in_mib(new_size_bytes).ok_or_else(|| {
+            ExpandError::new(format!(
+                "requested size {new_size_bytes} bytes is larger than the largest RBD image, {}",
+                rbd_csi::volume::MAX_SIZE_TEXT
+            ))
+        })?;
         let (pool, image) = (&location.pool, &location.image);
         let current = cluster
             .image_info(pool, image)

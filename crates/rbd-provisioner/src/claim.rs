@@ -1,8 +1,7 @@
 //! What a claim may ask for. Pure.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-
-const MIB: u64 = 1 << 20;
+use rbd_csi::volume::{MAX_SIZE, MAX_SIZE_TEXT, MIB};
 
 /// Checks access and volume modes: ReadWriteOnce, ReadOnlyMany and ReadWriteOncePod for
 /// filesystems; ReadWriteMany too for raw block volumes (the application coordinates access).
@@ -34,15 +33,34 @@ pub fn check_modes(claim: &PersistentVolumeClaim) -> Result<(), String> {
     Ok(())
 }
 
-/// The image size for a request: rounded up to whole MiB; zero or missing is an error.
-pub fn image_size(requested: Option<u64>) -> Result<u64, String> {
-    match requested {
-        None => Err("spec.resources.requests.storage is missing or not a valid quantity".into()),
-        Some(0) => Err("spec.resources.requests.storage must be greater than zero".into()),
-        Some(bytes) => bytes
-            .checked_next_multiple_of(MIB)
-            .ok_or_else(|| format!("spec.resources.requests.storage {bytes} is too large")),
+/// The image size for a request (`spec.resources.requests.storage` as written): rounded up to
+/// whole MiB. Missing, malformed, zero or larger than the largest RBD image is an error, the
+/// last naming the limit.
+pub fn image_size(request: Option<&str>) -> Result<u64, String> {
+    let text = request.ok_or("spec.resources.requests.storage is missing")?;
+    let quantity = provisioner::quantity::parse(text).map_err(|e| {
+        format!("spec.resources.requests.storage {text:?} is not a valid quantity: {e}")
+    })?;
+    if !quantity.is_positive() {
+        return Err(format!(
+            "spec.resources.requests.storage must be greater than zero (is {text})"
+        ));
     }
+    let too_large = || {
+        format!(
+            "requested size {text} (spec.resources.requests.storage) is larger than the largest \
+             RBD image, {MAX_SIZE_TEXT}"
+        )
+    };
+    let bytes = quantity.to_u64_ceil().ok_or_else(too_large)?;
+    size_in_mib(bytes).ok_or_else(too_large)
+}
+
+/// `bytes` rounded up to whole MiB; `None` when that is larger than the largest RBD image.
+pub fn size_in_mib(bytes: u64) -> Option<u64> {
+    bytes
+        .checked_next_multiple_of(MIB)
+        .filter(|size| *size <= MAX_SIZE)
 }
 
 #[cfg(test)]
@@ -92,10 +110,51 @@ mod tests {
 
     #[test]
     fn sizes_round_up_to_mib() {
-        assert_eq!(image_size(Some(1)).unwrap(), MIB);
-        assert_eq!(image_size(Some(MIB)).unwrap(), MIB);
-        assert_eq!(image_size(Some(1_000_000_000)).unwrap(), 954 * MIB);
-        assert!(image_size(Some(0)).is_err());
+        for (request, size) in [
+            ("1", MIB),
+            ("1Mi", MIB),
+            ("1G", 954 * MIB),
+            ("10G", 9537 * MIB),
+            ("500M", 477 * MIB),
+            ("1.5Gi", 1536 * MIB),
+            ("100m", MIB),
+            ("0.5", MIB),
+            ("1e3", MIB),
+        ] {
+            assert_eq!(image_size(Some(request)), Ok(size), "{request}");
+        }
+        assert!(
+            image_size(Some("0"))
+                .unwrap_err()
+                .contains("greater than zero")
+        );
         assert!(image_size(None).unwrap_err().contains("requests.storage"));
+        let e = image_size(Some("1 GB")).unwrap_err();
+        assert!(
+            e.contains("not a valid quantity") && e.contains("1 GB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn sizes_beyond_the_largest_image_name_the_limit() {
+        assert_eq!(image_size(Some("8388607Ti")), Ok((1 << 63) - (1 << 40)));
+        for request in [
+            "16Ei",
+            "9223372036854775807",
+            "9223372036853727233",
+            "20E",
+            "1e40",
+        ] {
+            let e = image_size(Some(request)).unwrap_err();
+            assert!(
+                e.contains(request)
+                    && e.contains("larger than the largest RBD image, 9223372036853727232 bytes"),
+                "{e}"
+            );
+        }
+        assert_eq!(image_size(Some("9223372036853727232")), Ok(MAX_SIZE));
+        assert_eq!(size_in_mib(MAX_SIZE + 1), None);
+        assert_eq!(size_in_mib(u64::MAX), None);
     }
 }

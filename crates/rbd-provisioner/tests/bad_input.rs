@@ -171,7 +171,7 @@ proptest! {
         ]
     ) {
         let bytes = provisioner::quantity::parse_bytes(&text);
-        match claim::image_size(bytes) {
+        match claim::image_size(Some(&text)) {
             Ok(size) => {
                 prop_assert_eq!(size % (1 << 20), 0);
                 prop_assert!(size >= bytes.unwrap());

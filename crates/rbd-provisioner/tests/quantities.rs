@@ -132,6 +132,11 @@ async fn a_claim_larger_than_any_rbd_image_fails_clearly() {
     h.create_class("rbd", &h.params(), "Delete").await;
     let claim = h.create_claim("huge", "rbd", "16Ei", false).await;
     let uid = claim.metadata.uid.clone().unwrap();
+    // As kube-apiserver does: binary quantities are capped at 2^63-1.
+    assert_eq!(
+        claim.spec.unwrap().resources.unwrap().requests.unwrap()["storage"].0,
+        "9223372036854775807"
+    );
     let message = h.wait_event("huge", "ProvisioningFailed").await;
     assert!(
         message.contains("larger than the largest RBD image")

@@ -291,7 +291,7 @@ pub(super) async fn capacity(
     let stats = cluster.cluster_stats().await.map_err(ceph_status)?;
     Ok(csi::GetCapacityResponse {
         available_capacity: to_i64(stats.avail_bytes),
-        maximum_volume_size: None,
+        maximum_volume_size: Some(to_i64(volume::MAX_SIZE)),
         minimum_volume_size: Some(to_i64(volume::MIB)),
     })
 }
