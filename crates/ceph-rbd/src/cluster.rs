@@ -224,28 +224,27 @@ impl Cluster {
             let _call = call;
             f(&rados)
         });
-        let result =
-            match tokio::time::timeout(deadline, blocking)
-                .instrument(span.clone())
-                .await
-            {
-                Err(_) => Err(Error::Timeout {
-                    op,
-                    target,
-                    after: deadline,
-                }),
-                Ok(Err(join)) => Err(Error::invalid(
-                    op,
-                    target,
-                    format!("operation task failed: {join}"),
-                )),
-                Ok(Ok(Err(Error::Timeout { op, target, .. }))) => Err(Error::Timeout {
-                    op,
-                    target,
-                    after: self.op_timeout,
-                }),
-                Ok(Ok(r)) => r,
-            };
+        let result = match tokio::time::timeout(deadline, blocking)
+            .instrument(span.clone())
+            .await
+        {
+            Err(_) => Err(Error::Timeout {
+                op,
+                target,
+                after: deadline,
+            }),
+            Ok(Err(join)) => Err(Error::invalid(
+                op,
+                target,
+                format!("operation task failed: {join}"),
+            )),
+            Ok(Ok(Err(Error::Timeout { op, target, .. }))) => Err(Error::Timeout {
+                op,
+                target,
+                after: self.op_timeout,
+            }),
+            Ok(Ok(r)) => r,
+        };
         if let Err(e) = &result
             && e.is_connection_failure()
         {

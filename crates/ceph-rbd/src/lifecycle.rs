@@ -175,7 +175,10 @@ mod tests {
         }));
         // both still busy: the bound is reached
         let report = shutdown(Duration::from_millis(50));
-        assert!(report.calls_running >= 1 && report.handles_open >= 1, "{report:?}");
+        assert!(
+            report.calls_running >= 1 && report.handles_open >= 1,
+            "{report:?}"
+        );
         drop(call);
         let _ = tx.send(());
         let report = shutdown(Duration::from_secs(10));

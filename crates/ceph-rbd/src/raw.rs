@@ -78,6 +78,21 @@ fn with_buffer<T>(
     Err(Error::from_errno(-libc::ERANGE, op, target))
 }
 
+/// The NUL-terminated strings packed in `buf` (librbd's list format). An empty string is an
+/// entry of its own (a lone NUL): dropping it would shift every later entry.
+fn nul_terminated(buf: &[u8]) -> Vec<String> {
+    buf.split_inclusive(|b| *b == 0)
+        .filter(|s| s.last() == Some(&0))
+        .map(|s| String::from_utf8_lossy(&s[..s.len() - 1]).into_owned())
+        .collect()
+}
+
+/// Pairs `rbd_metadata_list`'s keys and values; `None` when their counts differ.
+fn metadata_pairs(keys: &[u8], vals: &[u8]) -> Option<BTreeMap<String, String>> {
+    let (keys, vals) = (nul_terminated(keys), nul_terminated(vals));
+    (keys.len() == vals.len()).then(|| keys.into_iter().zip(vals).collect())
+}
+
 /// Text up to the first NUL.
 fn c_text(buf: &[u8]) -> String {
     let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
@@ -687,15 +702,10 @@ impl Image<'_> {
                 continue;
             }
             check(rc, op, &self.target)?;
-            let split = |buf: &[u8], len: usize| -> Vec<String> {
-                buf[..len.min(buf.len())]
-                    .split(|b| *b == 0)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .collect()
-            };
-            let (k, v) = (split(&keys, kl), split(&vals, vl));
-            return Ok(k.into_iter().zip(v).collect());
+            return metadata_pairs(&keys[..kl.min(keys.len())], &vals[..vl.min(vals.len())])
+                .ok_or_else(|| {
+                    Error::invalid(op, &self.target, "librbd returned unpaired metadata")
+                });
         }
         Err(Error::from_errno(-libc::ERANGE, op, &self.target))
     }
@@ -780,5 +790,22 @@ impl Image<'_> {
             ffi::rbd_flatten_with_progress(self.handle, Some(no_progress), ptr::null_mut())
         };
         check(rc, "flatten image", &self.target).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_pairs_keep_empty_values_in_place() {
+        let keys = b"a\0b\0c\0";
+        let vals = b"1\0\0three\0";
+        let pairs = metadata_pairs(keys, vals).unwrap();
+        assert_eq!(pairs["a"], "1");
+        assert_eq!(pairs["b"], "");
+        assert_eq!(pairs["c"], "three");
+        assert_eq!(metadata_pairs(b"", b""), Some(BTreeMap::new()));
+        assert_eq!(metadata_pairs(b"a\0b\0", b"1\0"), None);
     }
 }

@@ -237,9 +237,16 @@ async fn metadata_round_trips() {
             .as_deref(),
         Some(long.as_str())
     );
+    // an empty value sorts between the others: it must not shift the pairs after it
+    cluster
+        .metadata_set(&pool, &name, "m.empty", "")
+        .await
+        .unwrap();
     let all = cluster.metadata_list(&pool, &name).await.unwrap();
-    assert_eq!(all.len(), 3, "{all:?}");
+    assert_eq!(all.len(), 4, "{all:?}");
     assert_eq!(all["owner.claim"], "default/data");
+    assert_eq!(all["owner.pv"], "pvc-123");
+    assert_eq!(all["m.empty"], "");
     assert_eq!(all["long"].len(), 5000);
     cluster.remove_image(&pool, &name).await.unwrap();
 }
