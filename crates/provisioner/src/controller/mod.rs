@@ -75,6 +75,8 @@ pub(crate) struct Shared {
     claim_index: Mutex<HashMap<String, ObjectRef<PersistentVolumeClaim>>>,
     /// Claim UID -> options of a provisioning the backend reported as still in progress.
     in_background: Mutex<HashMap<String, ProvisionOptions>>,
+    /// Claim UID -> a provisioned volume whose PV could not be saved yet (retried until saved).
+    unsaved: Mutex<HashMap<String, PersistentVolume>>,
     queue: WorkQueue<Work>,
 }
 
@@ -183,6 +185,7 @@ impl Controller {
             classes,
             claim_index: Mutex::new(HashMap::new()),
             in_background: Mutex::new(HashMap::new()),
+            unsaved: Mutex::new(HashMap::new()),
             queue,
         });
 

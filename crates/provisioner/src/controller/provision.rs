@@ -5,9 +5,12 @@
 //! 2. If PV `pvc-<uid>` exists (cache, then API), there is nothing to do.
 //! 3. `Provisioning` event, then the backend's `provision`.
 //! 4. The PV is finished ([`pv::finish_volume`]) and created, retrying
-//!    `volume_save_attempts` times; AlreadyExists counts as saved. If saving finally fails,
-//!    the backend volume is deleted again (`ProvisioningCleanupFailed` if that fails too) and
-//!    the claim is retried.
+//!    `volume_save_attempts` times; AlreadyExists counts as saved. If saving still fails, the
+//!    finished PV is kept and its save retried with the claim's backoff until it succeeds,
+//!    also after the claim was deleted (the PV then goes the normal Released -> delete way).
+//!    The backend volume is never deleted on a save failure: a create that timed out may have
+//!    been committed by the API server, and a Bound PV would then name a deleted image
+//!    (upstream external-provisioner's behaviour since its volume store).
 //!
 //! # Guarantees
 //! - A restart at any step converges: the backend is asked again for the same deterministic
@@ -36,9 +39,12 @@ use crate::volume::{ProvisionError, ProvisionOptions};
 pub(crate) const PROVISIONING: &str = "Provisioning";
 pub(crate) const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
 pub(crate) const PROVISIONING_FAILED: &str = "ProvisioningFailed";
-pub(crate) const PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
 
 pub(super) async fn sync_claim(shared: &Shared, uid: &str) -> Result<(), Retry> {
+    let unsaved = lock(&shared.unsaved).get(uid).cloned();
+    if let Some(volume) = unsaved {
+        return retry_save(shared, uid, &volume).await;
+    }
     let Some(claim) = shared.claim_by_uid(uid) else {
         return finish_in_background(shared, uid).await;
     };
@@ -198,26 +204,53 @@ async fn save_or_clean_up(
         Err(error) => {
             shared.metrics.provision_failed(labels);
             let why = error_chain(&error);
-            tracing::error!(claim = %claim_key(claim), volume = %name, error = %why, "could not save PV, deleting the backend volume");
-            if let Err(delete_error) = shared.provisioner.delete(volume).await {
-                let message = format!(
-                    "failed to delete volume {name} after saving its PersistentVolume failed ({why}): {}; the backend volume may be left behind",
-                    error_chain(&delete_error)
-                );
-                shared.event(
-                    claim,
-                    EventType::Warning,
-                    PROVISIONING_CLEANUP_FAILED,
-                    &message,
-                );
-            }
+            tracing::error!(claim = %claim_key(claim), volume = %name, error = %why, "could not save PV; keeping the volume and retrying the save");
             let uid = claim.metadata.uid.clone().unwrap_or_default();
+            lock(&shared.unsaved).insert(uid.clone(), volume.clone());
             report_failure(
                 shared,
                 claim,
                 &uid,
-                &format!("failed to save PersistentVolume {name}: {why}"),
+                &format!(
+                    "failed to save PersistentVolume {name}: {why}; the volume is kept and the save retried"
+                ),
             );
+            Err(Retry)
+        }
+    }
+}
+
+/// Saves a PV whose earlier saves failed, whether or not its claim still exists.
+async fn retry_save(shared: &Shared, uid: &str, volume: &PersistentVolume) -> Result<(), Retry> {
+    let name = volume.name_any();
+    let claim = shared.claim_by_uid(uid);
+    match save_volume(shared, volume).await {
+        Ok(()) => {
+            lock(&shared.unsaved).remove(uid);
+            tracing::info!(volume = %name, claim_exists = claim.is_some(), "saved PV after earlier failures");
+            if let Some(claim) = claim {
+                shared.event(
+                    &*claim,
+                    EventType::Normal,
+                    PROVISIONING_SUCCEEDED,
+                    &format!("Successfully provisioned volume {name}"),
+                );
+            }
+            Ok(())
+        }
+        Err(error) => {
+            let why = error_chain(&error);
+            tracing::warn!(volume = %name, error = %why, "saving PV failed again; retrying");
+            if let Some(claim) = claim {
+                report_failure(
+                    shared,
+                    &claim,
+                    uid,
+                    &format!(
+                        "failed to save PersistentVolume {name}: {why}; the volume is kept and the save retried"
+                    ),
+                );
+            }
             Err(Retry)
         }
     }

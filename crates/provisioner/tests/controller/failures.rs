@@ -9,21 +9,19 @@ use crate::common::backend::{FakeBackend, Scripted};
 use crate::common::*;
 
 #[tokio::test]
-async fn pv_save_failure_deletes_backend_volume_then_retries() {
+async fn pv_save_failure_keeps_the_backend_volume_and_retries_the_save() {
     init_tracing();
     let emu = Emulator::new();
     let client = emu.client();
     create_class(&client, "fast", ClassSpec::default()).await;
     let backend = FakeBackend::new();
-    // Every save attempt of the first round fails; the cleanup delete fails once too.
+    // Every save attempt of the first round fails, and a few more.
     emu.faults()
-        .fail_next("create", "persistentvolumes", 3, 500);
-    backend.fail_deletes(1);
+        .fail_next("create", "persistentvolumes", 5, 500);
     let controller = start(client.clone(), config(), backend.clone(), false);
 
     let created = create_claim(&client, &claim("data", "fast", "1Gi")).await;
     let pv_name = format!("pvc-{}", uid(&created));
-    wait_for_event(&client, "data", "ProvisioningCleanupFailed", &pv_name).await;
     wait_for_event(
         &client,
         "data",
@@ -35,16 +33,76 @@ async fn pv_save_failure_deletes_backend_volume_then_retries() {
         phase(c) == Some("Bound")
     })
     .await;
-    assert!(
-        backend.deletes() >= 1,
-        "the backend volume was deleted after the save failed"
-    );
-    assert!(backend.provisions() >= 2);
     assert_eq!(
-        backend.volume_count(),
-        1,
-        "exactly one backend volume in the end"
+        backend.deletes(),
+        0,
+        "a save failure never deletes the volume"
     );
+    assert_eq!(
+        backend.provisions(),
+        1,
+        "the save is retried, not the provisioning"
+    );
+    assert!(backend.has_volume(&pv_name));
+    controller.stop().await.unwrap();
+}
+
+/// The last save attempt is committed by the API server but answered 504 (a timeout on the
+/// way back): the PV exists and binds, so its volume must not be deleted.
+#[tokio::test]
+async fn a_pv_create_committed_but_answered_504_keeps_its_volume() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceExt;
+    init_tracing();
+    let emu = Emulator::new();
+    let router = emu.router();
+    let lost_answers = Arc::new(AtomicUsize::new(1));
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (router, lost_answers) = (router.clone(), Arc::clone(&lost_answers));
+        async move {
+            let pv_create = req.method() == http::Method::POST
+                && req.uri().path() == "/api/v1/persistentvolumes";
+            let response = router.oneshot(req).await?;
+            if pv_create
+                && response.status() == http::StatusCode::CREATED
+                && lost_answers
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                    "status": "Failure", "reason": "Timeout", "code": 504,
+                    "message": "the server was unable to return a response in the time allotted"});
+                return Ok(http::Response::builder()
+                    .status(504)
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(status.to_string()))
+                    .unwrap());
+            }
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let client = kube::Client::new(service, "default");
+    create_class(&client, "fast", ClassSpec::default()).await;
+    let backend = FakeBackend::new();
+    let mut config = config();
+    config.volume_save_attempts = 3;
+    // attempts 1 and 2 fail before the store; attempt 3 is committed, its answer lost
+    emu.faults()
+        .fail_next("create", "persistentvolumes", 2, 500);
+    let controller = start(client.clone(), config, backend.clone(), false);
+
+    let created = create_claim(&client, &claim("data", "fast", "1Gi")).await;
+    let pv_name = format!("pvc-{}", uid(&created));
+    wait_for(&claims(&client), "data", "Bound", |c| {
+        phase(c) == Some("Bound")
+    })
+    .await;
+    wait_for_event(&client, "data", "ProvisioningSucceeded", &pv_name).await;
+    assert!(
+        backend.has_volume(&pv_name),
+        "the Bound PV's volume was deleted after its save was reported failed"
+    );
+    assert_eq!(backend.deletes(), 0);
     controller.stop().await.unwrap();
 }
 
