@@ -321,7 +321,13 @@ fn kubectl_create_sends_protobuf_and_reads_back_what_it_sent() {
         None,
     );
     assert!(ok, "{log}");
-    assert!(log.contains("Content-Type: application/vnd.kubernetes.protobuf"));
+    // Sent as protobuf, and answered in protobuf (kubectl prefers it).
+    assert_eq!(
+        log.matches("Content-Type: application/vnd.kubernetes.protobuf")
+            .count(),
+        2,
+        "{log}"
+    );
     let secret = srv.json(&[
         "get",
         "secret",
@@ -382,7 +388,9 @@ fn kubectl_create_sends_protobuf_and_reads_back_what_it_sent() {
     let dir = tempfile::tempdir().unwrap();
     let blob = dir.path().join("blob");
     std::fs::write(&blob, [0u8, 1, 0xff, 0xfe]).unwrap();
-    srv.ok(
+    // kubectl prints the create answer, which it asked for in protobuf: Go decoded what the
+    // emulator encoded, and it matches the JSON read back.
+    let created: Value = serde_json::from_str(&srv.ok(
         &[
             "create",
             "configmap",
@@ -392,10 +400,14 @@ fn kubectl_create_sends_protobuf_and_reads_back_what_it_sent() {
             &format!("--from-file=blob={}", blob.display()),
             "-n",
             "team-a",
+            "-o",
+            "json",
         ],
         None,
-    );
+    ))
+    .unwrap();
     let cm = srv.json(&["get", "configmap", "settings", "-n", "team-a", "-o", "json"]);
+    assert_eq!(created, cm);
     assert_eq!(cm["data"], serde_json::json!({"mode": "fast", "empty": ""}));
     assert_eq!(
         b64_decode(cm["binaryData"]["blob"].as_str().unwrap()),

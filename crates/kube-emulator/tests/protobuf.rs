@@ -71,22 +71,34 @@ struct Answer {
     body: Value,
 }
 
-async fn send(emu: &Emulator, method: &str, path: &str, ct: &str, body: Vec<u8>) -> Answer {
+async fn exchange(
+    emu: &Emulator,
+    method: &str,
+    path: &str,
+    ct: &str,
+    accept: &str,
+    body: Vec<u8>,
+) -> (u16, String, Vec<u8>) {
     let req = Request::builder()
         .method(method)
         .uri(path)
         .header("content-type", ct)
-        .header(
-            "accept",
-            "application/vnd.kubernetes.protobuf,application/json",
-        )
+        .header("accept", accept)
         .body(Body::from(body))
         .unwrap();
     let resp = emu.router().oneshot(req).await.unwrap();
     let status = resp.status().as_u16();
+    let ct = resp.headers()["content-type"].to_str().unwrap().to_string();
     let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
         .await
         .unwrap();
+    (status, ct, bytes.to_vec())
+}
+
+/// A request answered in JSON (protobuf answers are checked with kubectl, which decodes them
+/// with the real Go types, and at the end of this file for their framing).
+async fn send(emu: &Emulator, method: &str, path: &str, ct: &str, body: Vec<u8>) -> Answer {
+    let (status, _, bytes) = exchange(emu, method, path, ct, "application/json", body).await;
     let body = serde_json::from_slice(&bytes)
         .unwrap_or_else(|e| panic!("answer is not JSON ({e}): {bytes:?}"));
     Answer { status, body }
@@ -248,6 +260,44 @@ async fn a_protobuf_storage_class_keeps_its_explicit_false_and_parameters() {
 }
 
 #[tokio::test]
+async fn an_embedded_volume_source_is_inline_in_the_json() {
+    let emu = emu();
+    // PersistentVolumeSpec embeds PersistentVolumeSource (`json:",inline"`): field 2 on the
+    // wire, but `spec.csi` in JSON.
+    let csi = cat(&[
+        s(1, "rbd.csi.ceph.com"),
+        s(2, "rbd/img"),
+        num(3, 0),
+        s(4, ""),
+        ld(5, &cat(&[s(1, "pool"), s(2, "rbd")])),
+    ]);
+    let capacity = ld(1, &cat(&[s(1, "storage"), ld(2, &s(1, "1Gi"))]));
+    let spec = cat(&[
+        capacity,
+        ld(2, &ld(22, &csi)),
+        s(3, "ReadWriteOnce"),
+        s(5, "Delete"),
+        s(6, "rbd"),
+    ]);
+    let body = envelope(
+        "v1",
+        "PersistentVolume",
+        &cat(&[ld(1, &object_meta("pv-1", "")), ld(2, &spec), ld(3, &[])]),
+    );
+    let a = send(&emu, "POST", "/api/v1/persistentvolumes", PROTOBUF, body).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let spec = &a.body["spec"];
+    assert!(spec.get("persistentVolumeSource").is_none(), "{}", a.body);
+    assert_eq!(
+        spec["csi"],
+        json!({"driver": "rbd.csi.ceph.com", "volumeHandle": "rbd/img",
+               "volumeAttributes": {"pool": "rbd"}})
+    );
+    assert_eq!(spec["capacity"]["storage"], "1Gi");
+    assert_eq!(spec["storageClassName"], "rbd");
+}
+
+#[tokio::test]
 async fn lease_micro_times_and_empty_holder_decode_like_go() {
     let emu = emu();
     let renew = cat(&[num(1, 1_700_000_000), num(2, 123_456_789)]);
@@ -352,4 +402,62 @@ async fn malformed_protobuf_bodies_are_400s_that_name_the_problem() {
     // Nothing was stored, and the server still answers.
     let list = get(&emu, SECRETS).await;
     assert_eq!(list["items"], json!([]));
+}
+
+#[tokio::test]
+async fn answers_are_protobuf_when_the_client_prefers_it() {
+    let emu = emu();
+    let prefer = "application/vnd.kubernetes.protobuf,application/json";
+    let (status, ct, body) = exchange(&emu, "POST", SECRETS, PROTOBUF, prefer, secret("pb")).await;
+    assert_eq!(status, 201);
+    assert_eq!(ct, PROTOBUF);
+    assert!(body.starts_with(b"k8s\0"), "{body:?}");
+    let has = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+    // The envelope's type meta and the object's name and data.
+    assert!(has(&cat(&[s(1, "v1"), s(2, "Secret")])), "{body:?}");
+    assert!(has(&s(1, "pb")) && has(&[0, 1, 0xff]), "{body:?}");
+
+    // Errors are protobuf Status objects too.
+    let (status, ct, body) = exchange(
+        &emu,
+        "GET",
+        &format!("{SECRETS}/missing"),
+        "",
+        prefer,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!((status, ct.as_str()), (404, PROTOBUF));
+    assert!(body.windows(8).any(|w| w == b"NotFound"), "{body:?}");
+
+    // JSON first (or only) keeps JSON; so do Tables and watch streams.
+    for accept in [
+        "application/json",
+        "application/json, application/vnd.kubernetes.protobuf",
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    ] {
+        let (status, ct, _) = exchange(
+            &emu,
+            "GET",
+            &format!("{SECRETS}/pb"),
+            "",
+            accept,
+            Vec::new(),
+        )
+        .await;
+        assert_eq!((status, ct.as_str()), (200, "application/json"), "{accept}");
+    }
+    let (status, ct, body) = exchange(
+        &emu,
+        "GET",
+        &format!("{SECRETS}?watch=1&timeoutSeconds=1"),
+        "",
+        prefer,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!((status, ct.as_str()), (200, "application/json"));
+    let first = body.split(|b| *b == b'\n').next().unwrap();
+    let first: Value = serde_json::from_slice(first).unwrap();
+    assert_eq!(first["type"], "ADDED");
 }

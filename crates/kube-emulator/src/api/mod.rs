@@ -170,6 +170,20 @@ fn verb_of(method: &Method, t: &Target, query: &Query) -> Option<&'static str> {
 }
 
 async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let protobuf = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(protobuf::prefers_protobuf);
+    let resp = route(shared, req).await;
+    if protobuf {
+        protobuf::answer(resp).await
+    } else {
+        resp
+    }
+}
+
+async fn route(shared: Arc<Shared>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let query = Query::parse(parts.uri.query());
