@@ -61,7 +61,7 @@ async fn decimal_and_fractional_sizes_bind_without_warnings_and_grow_once() {
         let request = provisioner::quantity::parse_bytes(size).unwrap();
         let capacity = provisioner::quantity::volume_capacity_bytes(&pv).unwrap();
         assert_eq!(capacity, image_bytes, "PV capacity of {name} ({size})");
-        assert!(capacity >= request && capacity % MIB == 0);
+        assert!(capacity >= request && capacity.is_multiple_of(MIB));
         let claim_capacity = provisioner::quantity::claim_capacity_bytes(&claim);
         assert_eq!(
             claim_capacity,
