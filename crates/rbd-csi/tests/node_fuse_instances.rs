@@ -7,8 +7,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::volume::{Volume, assert_nothing_left};
-use common::{TestImage, TestServer, fuse_processes_under, loops_under, mount_cap};
+use common::{
+    TestImage, TestServer, block_cap, fuse_pids_under, fuse_processes_under, loops_under, mount_cap,
+};
 use rbd_csi::Services;
+use rbd_csi::proto::csi;
 
 #[tokio::test]
 async fn two_volumes_share_one_rbd_fuse_until_the_last_unstage() {
@@ -228,5 +231,141 @@ async fn concurrent_stages_and_unstages_of_many_volumes_share_one_instance() {
     }
     let results = futures::future::join_all(volumes.iter_mut().map(|v| v.unstage())).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_nothing_left(&server);
+}
+
+/// Whether a thread of this process is blocked in a FUSE request (its kernel wait channel), or in
+/// a stat-family system call (x86-64 numbers: stat, lstat, statfs, newfstatat, statx) where the
+/// kernel does not name the wait channel.
+fn a_thread_waits_on_fuse() -> bool {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|task| {
+            let wchan = std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default();
+            let syscall = std::fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
+            wchan.contains("fuse")
+                || wchan.contains("request_wait_answer")
+                || matches!(
+                    syscall.split(' ').next(),
+                    Some("4" | "6" | "137" | "262" | "332")
+                )
+        })
+}
+
+/// Sends SIGCONT to a stopped rbd-fuse when told to, or at its deadline if the test never gets
+/// that far (a plugin blocking its only async thread never lets it): the machine is never left
+/// with a stopped FUSE daemon. `resumed` says whether it has fired.
+struct Resumer {
+    tell: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    resumed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Resumer {
+    fn stop(pid: u32, deadline: std::time::Duration) -> Resumer {
+        let signal = move |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig} {pid}");
+        };
+        signal("-STOP");
+        let (tell, told) = std::sync::mpsc::channel::<()>();
+        let resumed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&resumed);
+        let thread = std::thread::spawn(move || {
+            let _ = told.recv_timeout(deadline);
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            signal("-CONT");
+        });
+        Resumer {
+            tell: Some(tell),
+            thread: Some(thread),
+            resumed,
+        }
+    }
+
+    fn resumed(&self) -> bool {
+        self.resumed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn resume(&mut self) {
+        drop(self.tell.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Resumer {
+    fn drop(&mut self) {
+        self.resume();
+    }
+}
+
+/// A hung mount stalls only the call that touches it: with its rbd-fuse stopped, a
+/// `NodeGetVolumeStats` of that mount blocks in the kernel, and the plugin, on a runtime with a
+/// single thread, still answers other calls (blocking system calls run on the blocking pool).
+#[tokio::test(flavor = "current_thread")]
+async fn a_hung_mount_blocks_only_the_call_that_touches_it() {
+    use std::time::{Duration, Instant};
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-node-hung-fuse", 16);
+    let mut vol = Volume::new(&server, &image, block_cap()).await;
+    vol.stage().await.unwrap();
+    let pids = fuse_pids_under(server.dir.path());
+    assert_eq!(pids.len(), 1, "one rbd-fuse");
+    let fuse_dir = std::fs::read_dir(server.config.runtime_dir.join("fuse"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+
+    let mut resumer = Resumer::stop(pids[0], Duration::from_secs(20));
+    let mut stats_client = server.node().await;
+    let stats = tokio::spawn(async move {
+        stats_client
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                volume_id: "hung".into(),
+                volume_path: fuse_dir.join("mnt").display().to_string(),
+                staging_target_path: String::new(),
+            })
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a_thread_waits_on_fuse() {
+        assert!(
+            !resumer.resumed(),
+            "the node service blocked its async thread on the hung mount: nothing ran until \
+             rbd-fuse was resumed"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "NodeGetVolumeStats never reached the hung mount"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let caps = tokio::time::timeout(
+        Duration::from_secs(5),
+        vol.node
+            .node_get_capabilities(csi::NodeGetCapabilitiesRequest {}),
+    )
+    .await;
+    assert!(
+        !resumer.resumed(),
+        "NodeGetCapabilities waited for the hung mount"
+    );
+    assert!(
+        matches!(caps, Ok(Ok(_))),
+        "NodeGetCapabilities while a mount hangs: {caps:?}"
+    );
+    assert!(!stats.is_finished(), "the stats call did not hang");
+    resumer.resume();
+    stats.await.unwrap().unwrap();
+    vol.unstage().await.unwrap();
     assert_nothing_left(&server);
 }

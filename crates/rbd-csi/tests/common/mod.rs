@@ -187,18 +187,34 @@ pub fn loops_under(dir: &Path) -> Vec<PathBuf> {
 
 /// Live rbd-fuse processes whose command line mentions `dir`.
 pub fn fuse_processes_under(dir: &Path) -> Vec<String> {
+    fuse_processes(dir)
+        .into_iter()
+        .map(|(_, text)| text)
+        .collect()
+}
+
+/// Pids of the live rbd-fuse processes whose command line mentions `dir`.
+pub fn fuse_pids_under(dir: &Path) -> Vec<u32> {
+    fuse_processes(dir)
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+fn fuse_processes(dir: &Path) -> Vec<(u32, String)> {
     let needle = dir.to_string_lossy().into_owned();
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(Result::ok)
         .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse().ok()?;
             let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
             let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
             let zombie = stat
                 .rsplit_once(") ")
                 .is_some_and(|(_, r)| r.starts_with('Z'));
             let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            (text.contains("rbd-fuse") && text.contains(&needle) && !zombie).then_some(text)
+            (text.contains("rbd-fuse") && text.contains(&needle) && !zombie).then_some((pid, text))
         })
         .collect()
 }
