@@ -397,6 +397,35 @@ impl Provisioner for RbdBackend {
     fn supports_block(&self) -> bool {
         true
     }
+
+    /// The old provisioner's `-id` meaning: a PV carrying `rbdProvisionerIdentity` is deleted
+    /// only by the provisioner with that identity, so several provisioners with different ids
+    /// on one cluster never delete each other's volumes. PVs without the annotation (CSI PVs of
+    /// other tools, hand-made ones) are not restricted by it.
+    fn should_delete(&self, volume: &PersistentVolume) -> bool {
+        deletes_as(volume, &self.config.identity)
+    }
+}
+
+/// Whether the provisioner with `identity` may delete `volume` (see `should_delete`).
+fn deletes_as(volume: &PersistentVolume, identity: &str) -> bool {
+    let recorded = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::pv_build::ANN_LEGACY_IDENTITY));
+    match recorded {
+        Some(recorded) if recorded != identity => {
+            tracing::debug!(
+                volume = volume.metadata.name.as_deref().unwrap_or_default(),
+                %recorded,
+                ours = identity,
+                "leaving the PV to the provisioner with its identity"
+            );
+            false
+        }
+        _ => true,
+    }
 }
 
 #[async_trait]

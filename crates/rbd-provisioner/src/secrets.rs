@@ -16,6 +16,16 @@ pub enum SecretError {
         "secret {namespace}/{name} has no non-empty \"key\" (or \"userKey\"/\"adminKey\") entry"
     )]
     NoKey { namespace: String, name: String },
+    #[error(
+        "secret {namespace}/{name} has no \"key\" entry and several others that could hold the Ceph key ({}): name the key's entry \"key\"",
+        entries.join(", ")
+    )]
+    Ambiguous {
+        namespace: String,
+        name: String,
+        /// Entry names only, never values.
+        entries: Vec<String>,
+    },
     #[error("reading secret {namespace}/{name}: {source}")]
     Api {
         namespace: String,
@@ -44,29 +54,71 @@ pub async fn read_key(
             });
         }
     };
-    key_from(&secret).ok_or(SecretError::NoKey { namespace, name })
+    match key_from(&secret) {
+        Found::Key(key) => Ok(key),
+        Found::None => Err(SecretError::NoKey { namespace, name }),
+        Found::Ambiguous(entries) => Err(SecretError::Ambiguous {
+            namespace,
+            name,
+            entries,
+        }),
+    }
 }
 
-/// The key in a secret's `data` (or `stringData`), first of [`KEY_FIELDS`] that is non-empty.
-pub fn key_from(secret: &Secret) -> Option<ceph_rbd::Secret> {
-    for field in KEY_FIELDS {
-        let value = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(field))
-            .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
-            .or_else(|| {
-                secret
-                    .string_data
-                    .as_ref()
-                    .and_then(|d| d.get(field))
-                    .map(|s| s.trim().to_string())
-            });
-        if let Some(v) = value.filter(|v| !v.is_empty()) {
-            return Some(ceph_rbd::Secret::new(v));
+/// What a secret holds.
+pub enum Found {
+    Key(ceph_rbd::Secret),
+    /// No entry could be the key.
+    None,
+    /// No entry of [`KEY_FIELDS`], and several others that could each be the key (names).
+    Ambiguous(Vec<String>),
+}
+
+/// Whether `value` has the shape of a cephx key: base64 of 28 bytes (a 12-byte header and a
+/// 16-byte AES key), as `ceph auth get-key` prints it.
+fn looks_like_cephx_key(value: &str) -> bool {
+    value.len() == 40
+        && value.ends_with('=')
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
+}
+
+/// The key in a secret's `data` (or `stringData`): the first of [`KEY_FIELDS`] that is
+/// non-empty; else, as the old provisioner took any value, the only non-empty entry whatever its
+/// name (e.g. `kubectl create secret generic --from-file=ceph.client.admin.key`), or among
+/// several the only one shaped like a cephx key. Several candidates are [`Found::Ambiguous`]
+/// (the old provisioner took a random one).
+pub fn key_from(secret: &Secret) -> Found {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for (k, v) in secret.data.iter().flatten() {
+        entries.push((k.clone(), String::from_utf8_lossy(&v.0).trim().to_string()));
+    }
+    for (k, v) in secret.string_data.iter().flatten() {
+        if !entries.iter().any(|(e, _)| e == k) {
+            entries.push((k.clone(), v.trim().to_string()));
         }
     }
-    None
+    entries.retain(|(_, v)| !v.is_empty());
+    for field in KEY_FIELDS {
+        if let Some((_, v)) = entries.iter().find(|(k, _)| k == field) {
+            return Found::Key(ceph_rbd::Secret::new(v.clone()));
+        }
+    }
+    let candidates: Vec<&(String, String)> = if entries.len() == 1 {
+        entries.iter().collect()
+    } else {
+        entries
+            .iter()
+            .filter(|(_, v)| looks_like_cephx_key(v))
+            .collect()
+    };
+    match candidates.as_slice() {
+        [(_, v)] => Found::Key(ceph_rbd::Secret::new(v.clone())),
+        [] if entries.is_empty() => Found::None,
+        [] => Found::Ambiguous(entries.iter().map(|(k, _)| k.clone()).collect()),
+        many => Found::Ambiguous(many.iter().map(|(k, _)| k.clone()).collect()),
+    }
 }
 
 #[cfg(test)]
@@ -87,21 +139,48 @@ mod tests {
         }
     }
 
+    fn key(s: &Secret) -> Option<String> {
+        match key_from(s) {
+            Found::Key(k) => Some(k.expose().to_string()),
+            _ => None,
+        }
+    }
+
+    const K1: &str = "AQBzYGFhAAAAABAAqB2nL9cR6J7Bi1Xi9cE1OQ==";
+    const K2: &str = "AQCdPmZhAAAAABAAyWZ2XHBpPS6SNbD0z3n0Zg==";
+
     #[test]
-    fn reads_key_then_user_key_never_the_last_value() {
+    fn reads_key_then_user_key() {
+        assert_eq!(key(&secret(&[("key", "AQA1\n")])).unwrap(), "AQA1");
         assert_eq!(
-            key_from(&secret(&[("key", "AQA1\n")])).unwrap().expose(),
-            "AQA1"
-        );
-        assert_eq!(
-            key_from(&secret(&[("userID", "kube"), ("userKey", "AQA2")]))
-                .unwrap()
-                .expose(),
+            key(&secret(&[("userID", "kube"), ("userKey", "AQA2")])).unwrap(),
             "AQA2"
         );
-        // the old provisioner fell back to "the last value in the map": we refuse instead
-        assert!(key_from(&secret(&[("other", "AQA3")])).is_none());
-        assert!(key_from(&secret(&[("key", " ")])).is_none());
+        assert!(matches!(key_from(&secret(&[("key", " ")])), Found::None));
+        assert!(matches!(key_from(&secret(&[])), Found::None));
+    }
+
+    #[test]
+    fn any_entry_name_works_as_with_the_old_provisioner() {
+        // kubectl create secret generic ceph-secret --from-file=ceph.client.admin.key
+        assert_eq!(
+            key(&secret(&[("ceph.client.admin.key", &format!("{K1}\n"))])).unwrap(),
+            K1
+        );
+        // among several entries, the only one shaped like a cephx key
+        assert_eq!(
+            key(&secret(&[("user", "kube"), ("secret", K2)])).unwrap(),
+            K2
+        );
+        // several candidates: refused, naming the entries only
+        match key_from(&secret(&[("a", K1), ("b", K2)])) {
+            Found::Ambiguous(names) => assert_eq!(names, ["a", "b"]),
+            _ => panic!("two cephx-shaped entries must be ambiguous"),
+        }
+        match key_from(&secret(&[("a", "x"), ("b", "y")])) {
+            Found::Ambiguous(names) => assert_eq!(names, ["a", "b"]),
+            _ => panic!("two non-key entries must be ambiguous"),
+        }
     }
 
     #[test]

@@ -435,3 +435,60 @@ async fn health_endpoints_report_the_leader_and_metrics() {
         "{metrics}"
     );
 }
+
+/// `--id` keeps the old provisioner's meaning: a PV annotated `rbdProvisionerIdentity` is
+/// deleted only by the provisioner with that identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provisioner_deletes_only_the_pvs_of_its_own_id() {
+    let h = Harness::start().await;
+    h.create_class("rbd", &h.params(), "Delete").await;
+    let fast = ["--leader-elect=false", "--retry-interval-start=200ms"];
+    let with_id = |id: &'static str| -> Vec<&'static str> {
+        let mut a = fast.to_vec();
+        a.extend(["--id", id]);
+        a
+    };
+    let a = h.spawn(&with_id("team-a"), &[]);
+    h.create_claim("a-data", "rbd", "8Mi", false).await;
+    let (_, a_pv) = h.wait_bound("a-data").await;
+    let a_name = a_pv.metadata.name.clone().unwrap();
+    let a_image = Harness::image_name(&a_pv);
+    assert_eq!(
+        a_pv.metadata.annotations.as_ref().unwrap()["rbdProvisionerIdentity"],
+        "team-a"
+    );
+    drop(a);
+
+    let b = h.spawn(&with_id("team-b"), &[]);
+    h.create_claim("marker", "rbd", "8Mi", false).await;
+    let (_, marker) = h.wait_bound("marker").await;
+    h.claims()
+        .delete("a-data", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.claims()
+        .delete("marker", &DeleteParams::default())
+        .await
+        .unwrap();
+    // team-b deletes its own PV, released after team-a's, and leaves team-a's
+    h.wait_pv_gone(marker.metadata.name.as_deref().unwrap())
+        .await;
+    h.until(
+        "team-b passed team-a's PV by",
+        Duration::from_secs(20),
+        || {
+            let seen = b
+                .log_text()
+                .contains("leaving the PV to the provisioner with its identity");
+            async move { seen.then_some(()) }
+        },
+    )
+    .await;
+    assert!(h.volumes().get_opt(&a_name).await.unwrap().is_some());
+    assert!(h.images().contains(&a_image));
+    drop(b);
+
+    let _a = h.spawn(&with_id("team-a"), &[]);
+    h.wait_pv_gone(&a_name).await;
+    assert!(!h.images().contains(&a_image));
+}
