@@ -457,7 +457,7 @@ async fn malformed_requests_get_a_status_never_a_panic() {
             PVCS,
             Some("application/vnd.kubernetes.protobuf"),
             "x",
-            415,
+            400,
         ),
         ("GET", "/api/v1/namespaces/default/widgets", None, "", 404),
         ("GET", "/apis/nope.example.com/v1/things", None, "", 404),
