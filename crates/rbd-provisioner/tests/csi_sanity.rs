@@ -1,0 +1,333 @@
+//! The upstream CSI conformance suite, `csi-sanity` (kubernetes-csi/csi-test), against
+//! `rbd-provisioner csi --services=all` on this test binary's micro-ceph with the fuse mapper:
+//! every spec that applies must pass, and every skip must be the suite's own "not supported" for
+//! a capability the driver does not advertise. The counts and the skip reasons are printed.
+//!
+//! The suite is a third-party binary the project does not ship: it is taken from `$CSI_SANITY`,
+//! else `../shared/tools/csi-sanity` beside the repository. Without it the test says so and
+//! passes (skips), so the project also tests green where that tool does not exist.
+//!
+//! `cargo test -p rbd-provisioner --test csi_sanity -- --nocapture` shows the report.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the whole suite may take (it takes a few seconds here).
+const SUITE_DEADLINE: Duration = Duration::from_mins(15);
+/// Volume sizes the suite creates and expands to: small, the cluster is memstore.
+const VOLUME_SIZE: u64 = 64 << 20;
+const EXPAND_SIZE: u64 = 128 << 20;
+
+/// The csi-sanity binary, if this machine has it: `$CSI_SANITY` (which must then exist), else
+/// `../shared/tools/csi-sanity` beside the repository.
+fn csi_sanity() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("CSI_SANITY").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "CSI_SANITY={} is not a file",
+            path.display()
+        );
+        return Some(path);
+    }
+    // crates/rbd-provisioner -> the repository -> ../shared/tools beside it
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/csi-sanity");
+    beside
+        .is_file()
+        .then(|| beside.canonicalize().unwrap_or(beside))
+}
+
+/// A running `rbd-provisioner csi`; SIGTERM and wait on drop, its log printed if the test fails.
+struct Plugin {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Plugin {
+    fn start(args: &[String], log: PathBuf) -> Plugin {
+        let child = Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+            .arg("csi")
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("creating the plugin log"))
+            .spawn()
+            .expect("starting rbd-provisioner csi");
+        Plugin { child, log }
+    }
+
+    fn wait_listening(&mut self, socket: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("rbd-provisioner csi exited ({status}) before listening");
+            }
+            assert!(Instant::now() < deadline, "the plugin never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        // A graceful stop first (the plugin removes its socket); SIGKILL if it hangs.
+        let terminated = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while terminated && Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- rbd-provisioner csi log ----\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// Writes `text` to a new `0600` file (the test cluster's admin key goes into two files).
+fn write_private(path: &Path, text: &str) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .expect("writing a private file");
+}
+
+/// Ginkgo's summary: `SUCCESS! -- 45 Passed | 0 Failed | 1 Pending | 46 Skipped` (or `FAIL! --`).
+fn summary(output: &str) -> Option<BTreeMap<String, u32>> {
+    let line = output
+        .lines()
+        .rev()
+        .find(|l| l.contains(" Passed | ") && l.contains(" Failed | "))?;
+    let counts = line.split_once("-- ")?.1;
+    counts
+        .split(" | ")
+        .map(|part| {
+            let (n, what) = part.trim().split_once(' ')?;
+            Some((what.to_owned(), n.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Why specs were skipped, with how many: Ginkgo's verbose report indents `[SKIPPED] <reason>`
+/// under each skipped spec (the `[SKIPPED] in [BeforeEach] - file:line` lines say where, not why).
+fn skip_reasons(output: &str) -> BTreeMap<String, u32> {
+    let mut reasons = BTreeMap::new();
+    for line in output.lines() {
+        let Some(reason) = line.trim_start().strip_prefix("[SKIPPED] ") else {
+            continue;
+        };
+        if line.starts_with(' ') && !reason.starts_with("in [") && !reason.starts_with('[') {
+            *reasons.entry(reason.trim().to_owned()).or_default() += 1;
+        }
+    }
+    reasons
+}
+
+/// Mounts whose mount point lies under `dir`.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&*dir))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn upstream_csi_sanity_passes_on_micro_ceph_with_the_fuse_mapper() {
+    let Some(sanity) = csi_sanity() else {
+        eprintln!(
+            "SKIPPED: csi-sanity not found (set CSI_SANITY, or put it at ../shared/tools/csi-sanity \
+             beside the repository); the upstream CSI conformance suite did not run"
+        );
+        return;
+    };
+    let ceph = micro_ceph::cluster();
+    // tmpfs when there is one: the runtime directory (keys, rbd-fuse instances) belongs there.
+    let dir = tempfile::Builder::new()
+        .prefix("csi-sanity-")
+        .tempdir_in(if Path::new("/dev/shm").is_dir() {
+            Path::new("/dev/shm")
+        } else {
+            Path::new("/tmp")
+        })
+        .expect("creating the test directory");
+    let d = dir.path();
+    let socket = d.join("csi.sock");
+    write_private(&d.join("probe.key"), &ceph.admin_key);
+    std::fs::write(
+        d.join("params.yaml"),
+        format!("pool: {}\nmounter: fuse\n", ceph.pool),
+    )
+    .expect("writing params.yaml");
+    let secret = format!("  userID: admin\n  userKey: {}\n", ceph.admin_key);
+    let secrets: String = [
+        "CreateVolumeSecret",
+        "DeleteVolumeSecret",
+        "ControllerValidateVolumeCapabilitiesSecret",
+        "ControllerExpandVolumeSecret",
+        "NodeStageVolumeSecret",
+        "NodeExpandVolumeSecret",
+    ]
+    .iter()
+    .map(|kind| format!("{kind}:\n{secret}"))
+    .collect();
+    write_private(&d.join("secrets.yaml"), &secrets);
+
+    let run = d.join("run");
+    let mut plugin = Plugin::start(
+        &[
+            "--services=all".into(),
+            "--default-mounter=fuse".into(),
+            "--node-id=csi-sanity-node".into(),
+            format!("--endpoint=unix://{}", socket.display()),
+            format!("--runtime-dir={}", run.display()),
+            format!("--monitors={}", ceph.monitors),
+            format!("--probe-key-file={}", d.join("probe.key").display()),
+        ],
+        d.join("plugin.log"),
+    );
+    plugin.wait_listening(&socket);
+
+    let report = d.join("csi-sanity.out");
+    let mut suite = Command::new(&sanity)
+        .arg(format!("--csi.endpoint=unix://{}", socket.display()))
+        .arg(format!("--csi.stagingdir={}", d.join("staging").display()))
+        .arg(format!("--csi.mountdir={}", d.join("mount").display()))
+        .arg(format!(
+            "--csi.testvolumeparameters={}",
+            d.join("params.yaml").display()
+        ))
+        .arg(format!(
+            "--csi.secrets={}",
+            d.join("secrets.yaml").display()
+        ))
+        .arg(format!("--csi.testvolumesize={VOLUME_SIZE}"))
+        .arg(format!("--csi.testvolumeexpandsize={EXPAND_SIZE}"))
+        .args(["-ginkgo.v", "-ginkgo.no-color"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&report).expect("creating the report"))
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting csi-sanity");
+    let deadline = Instant::now() + SUITE_DEADLINE;
+    let status = loop {
+        if let Some(status) = suite.try_wait().expect("waiting for csi-sanity") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = suite.kill();
+            let _ = suite.wait();
+            panic!("csi-sanity did not finish within {SUITE_DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let output = std::fs::read_to_string(&report).expect("reading the report");
+    let failed_specs: Vec<&str> = output
+        .lines()
+        .filter(|l| l.starts_with("  [FAIL] ") || l.starts_with("[FAIL] "))
+        .collect();
+    let counts = summary(&output).unwrap_or_else(|| {
+        panic!(
+            "no Ginkgo summary in csi-sanity's output ({status}):\n{}",
+            output
+                .lines()
+                .rev()
+                .take(60)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
+    let reasons = skip_reasons(&output);
+    let count = |what: &str| counts.get(what).copied().unwrap_or(0);
+    eprintln!(
+        "csi-sanity ({}): {} passed, {} failed, {} pending, {} skipped",
+        sanity.display(),
+        count("Passed"),
+        count("Failed"),
+        count("Pending"),
+        count("Skipped")
+    );
+    for (reason, n) in &reasons {
+        eprintln!("  skipped {n:>2}: {reason}");
+    }
+    assert!(
+        status.success() && count("Failed") == 0,
+        "csi-sanity failed ({status}):\n{}\n(full report: {})",
+        failed_specs.join("\n"),
+        report.display()
+    );
+    assert!(count("Passed") > 0, "csi-sanity ran no spec");
+    assert_eq!(
+        reasons.values().sum::<u32>(),
+        count("Skipped"),
+        "every skipped spec has a reason"
+    );
+    // Skips only for capabilities the driver does not advertise (snapshots, cloning, publish,
+    // ListVolumes, modify, group controller): nothing the driver claims is skipped.
+    let unexpected: Vec<&String> = reasons
+        .keys()
+        .filter(|r| !r.to_ascii_lowercase().ends_with("not supported"))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "skips other than unsupported capabilities: {unexpected:?}"
+    );
+
+    drop(plugin);
+    // The suite unstaged and deleted what it made: no mount, rbd-fuse or image is left.
+    assert_eq!(mounts_under(d), Vec::<String>::new(), "mounts left behind");
+    let images = ceph.rbd(&["ls", &ceph.pool]).expect("rbd ls");
+    let left: Vec<&str> = images.lines().filter(|i| i.starts_with("sanity")).collect();
+    assert!(left.is_empty(), "images left behind: {left:?}");
+}
+
+#[test]
+fn the_report_parsers_read_ginkgo_output() {
+    let output = "\
+S [SKIPPED] [0.003 seconds]
+DeleteSnapshot [Controller Server] [BeforeEach] should fail when no snapshot id is provided
+  [SKIPPED] DeleteSnapshot not supported
+  In [BeforeEach] at: github.com/kubernetes-csi/csi-test/v5/pkg/sanity/controller.go:1200
+  [SKIPPED] in [BeforeEach] - github.com/kubernetes-csi/csi-test/v5/pkg/sanity/controller.go:1200
+  [SKIPPED] ListVolumes not supported
+  [SKIPPED] DeleteSnapshot not supported
+
+Ran 45 of 92 Specs in 3.242 seconds
+SUCCESS! -- 45 Passed | 0 Failed | 1 Pending | 46 Skipped
+";
+    let counts = summary(output).expect("summary");
+    assert_eq!(counts.get("Passed"), Some(&45));
+    assert_eq!(counts.get("Failed"), Some(&0));
+    assert_eq!(counts.get("Skipped"), Some(&46));
+    let reasons = skip_reasons(output);
+    assert_eq!(reasons.get("DeleteSnapshot not supported"), Some(&2));
+    assert_eq!(reasons.get("ListVolumes not supported"), Some(&1));
+    assert_eq!(reasons.len(), 2);
+    assert!(
+        summary("FAIL! -- 40 Passed | 5 Failed | 1 Pending | 46 Skipped")
+            .is_some_and(|c| c.get("Failed") == Some(&5))
+    );
+}
