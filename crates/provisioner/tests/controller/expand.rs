@@ -223,3 +223,80 @@ async fn a_resize_in_progress_shows_on_the_claim_as_the_external_resizer_marks_i
     assert_eq!(status.allocated_resources.unwrap()["storage"].0, "5Gi");
     controller.stop().await.unwrap();
 }
+
+/// Claims in decimal units, milli or plain bytes, on a backend that rounds up to whole MiB
+/// (`1G` becomes 954Mi): Bound with no Warning (issue 17: the capacity above the request is
+/// not a shrink), and growing one resizes it once.
+#[tokio::test]
+async fn rounded_up_capacity_is_not_a_shrink() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "grow", expandable()).await;
+    let backend = Arc::new(FakeBackend {
+        node_expansion_required: true,
+        round_to: Some(1 << 20),
+        ..Default::default()
+    });
+    let controller = start(client.clone(), config(), backend.clone(), true);
+    let sizes = [
+        ("one-g", "1G", 954u64 << 20),
+        ("ten-g", "10G", 9537 << 20),
+        ("half-g", "500M", 477 << 20),
+        ("milli", "100m", 1 << 20),
+        ("half", "0.5", 1 << 20),
+        ("kilo", "1e3", 1 << 20),
+        ("byte", "1", 1 << 20),
+        ("fraction", "1.5Gi", 1536 << 20),
+    ];
+    for (name, size, _) in sizes {
+        create_claim(&client, &claim(name, "grow", size)).await;
+    }
+    for (name, _, bytes) in sizes {
+        let bound = wait_for(&claims(&client), name, "Bound", |c| {
+            phase(c) == Some("Bound")
+        })
+        .await;
+        assert_eq!(claim_capacity_bytes(&bound), Some(bytes), "{name}");
+    }
+
+    // The claims above were queued for the expansion check before this change.
+    request(&client, "ten-g", "20G").await;
+    let claim = wait_for(&claims(&client), "ten-g", "FileSystemResizePending", |c| {
+        has_condition(c, CONDITION_FS_RESIZE_PENDING)
+    })
+    .await;
+    let status = claim.status.clone().unwrap();
+    assert_eq!(
+        status.allocated_resources.unwrap()["storage"].0,
+        "20G",
+        "the request as written"
+    );
+    wait_for_event(
+        &client,
+        "ten-g",
+        "FileSystemResizeRequired",
+        "file system resize",
+    )
+    .await;
+    let pv_name = claim.spec.unwrap().volume_name.unwrap();
+    let volume = volumes(&client).get(&pv_name).await.unwrap();
+    assert_eq!(volume_capacity_bytes(&volume), Some(19074 << 20));
+
+    for (name, _, _) in sizes {
+        let events = events_for(&client, name).await;
+        let warnings: Vec<_> = events
+            .iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .map(|e| (e.reason.clone(), e.message.clone()))
+            .collect();
+        assert!(warnings.is_empty(), "{name}: {warnings:?}");
+        let resizing = events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("Resizing"))
+            .count();
+        assert_eq!(resizing, usize::from(name == "ten-g"), "{name}");
+    }
+    assert_eq!(backend.expands(), 1);
+    controller.stop().await.unwrap();
+}

@@ -39,6 +39,8 @@ pub struct FakeBackend {
     /// When set, `provision` creates the volume and then waits for a permit (never, if 0).
     pub gate: Mutex<Option<Arc<Semaphore>>>,
     pub node_expansion_required: bool,
+    /// When set, sizes are rounded up to a multiple of this (as a real backend rounds to MiB).
+    pub round_to: Option<u64>,
     /// Identity stamped on created volumes (to tell which controller created them).
     pub created_by: Mutex<BTreeMap<String, usize>>,
 }
@@ -81,8 +83,13 @@ impl FakeBackend {
         self.expand_calls.load(Ordering::SeqCst)
     }
 
+    fn rounded(&self, bytes: u64) -> u64 {
+        self.round_to
+            .map_or(bytes, |unit| bytes.next_multiple_of(unit))
+    }
+
     fn create(&self, options: &ProvisionOptions) -> u64 {
-        let size = options.requested_bytes().unwrap_or(1 << 30);
+        let size = self.rounded(options.requested_bytes().unwrap_or(1 << 30));
         let mut volumes = self.volumes.lock().unwrap();
         let mut created = self.created_by.lock().unwrap();
         if !volumes.contains_key(&options.pv_name) {
@@ -177,7 +184,7 @@ impl Expander for FakeBackend {
         let name = volume.metadata.name.clone().unwrap_or_default();
         let mut volumes = self.volumes.lock().unwrap();
         let size = volumes.entry(name).or_insert(0);
-        *size = (*size).max(new_size_bytes);
+        *size = (*size).max(self.rounded(new_size_bytes));
         Ok(ExpandOutcome {
             capacity_bytes: *size,
             node_expansion_required: self.node_expansion_required,
