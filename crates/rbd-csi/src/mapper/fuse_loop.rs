@@ -122,20 +122,12 @@ impl FuseLoopMapper {
                 }
             }
         }
-        private_dir(dir).map_err(|e| MapError::io("creating", dir.display(), e))?;
-        std::fs::create_dir_all(&mnt).map_err(|e| MapError::io("creating", mnt.display(), e))?;
-        let keyring = dir.join("keyring");
-        let conf = dir.join("ceph.conf");
-        write_private(&keyring, &keyring_text(&image.user, key))
-            .map_err(|e| MapError::io("writing", keyring.display(), e))?;
-        write_private(&conf, &conf_text(&image.monitors, &keyring))
-            .map_err(|e| MapError::io("writing", conf.display(), e))?;
-        let log_path = dir.join("rbd-fuse.log");
-        let log = std::fs::File::create(&log_path)
-            .map_err(|e| MapError::io("creating", log_path.display(), e))?;
-        let log_err = log
-            .try_clone()
-            .map_err(|e| MapError::io("opening", log_path.display(), e))?;
+        let InstanceFiles {
+            conf,
+            log_path,
+            log,
+            log_err,
+        } = write_instance_files(dir, &mnt, image, key).await?;
         let args = fuse_args(&conf, image, &mnt);
         tracing::info!(pool = %image.pool, user = %image.user, mount_point = %mnt.display(), "starting rbd-fuse");
         let mut child = tokio::process::Command::new("rbd-fuse")
@@ -352,6 +344,49 @@ fn serves_image(backing: &Path, fuse: &FuseAttachment) -> bool {
             .image_file
             .file_name()
             .is_some_and(|name| backing == Path::new("/").join(name))
+}
+
+/// The files an rbd-fuse instance is started with.
+struct InstanceFiles {
+    conf: PathBuf,
+    log_path: PathBuf,
+    log: std::fs::File,
+    log_err: std::fs::File,
+}
+
+/// Creates the instance directory (`0700`) and mount point, writes the private keyring and
+/// `ceph.conf` (`0600`, synced) and opens the log, on the blocking pool.
+async fn write_instance_files(
+    dir: &Path,
+    mnt: &Path,
+    image: &ImageSpec,
+    key: &Key,
+) -> Result<InstanceFiles, MapError> {
+    let (dir, mnt) = (dir.to_path_buf(), mnt.to_path_buf());
+    let keyring = dir.join("keyring");
+    let keyring_text = keyring_text(&image.user, key);
+    let conf_text = conf_text(&image.monitors, &keyring);
+    blocking("writing instance files in", move || {
+        private_dir(&dir).map_err(|e| MapError::io("creating", dir.display(), e))?;
+        std::fs::create_dir_all(&mnt).map_err(|e| MapError::io("creating", mnt.display(), e))?;
+        write_private(&keyring, &keyring_text)
+            .map_err(|e| MapError::io("writing", keyring.display(), e))?;
+        let conf = dir.join("ceph.conf");
+        write_private(&conf, &conf_text).map_err(|e| MapError::io("writing", conf.display(), e))?;
+        let log_path = dir.join("rbd-fuse.log");
+        let log = std::fs::File::create(&log_path)
+            .map_err(|e| MapError::io("creating", log_path.display(), e))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| MapError::io("opening", log_path.display(), e))?;
+        Ok(InstanceFiles {
+            conf,
+            log_path,
+            log,
+            log_err,
+        })
+    })
+    .await
 }
 
 /// Stable id of the rbd-fuse instance for (monitors, pool, user).
