@@ -91,7 +91,33 @@ pub struct Cluster {
     op_timeout: Duration,
     monitors: String,
     healthy: AtomicBool,
+    /// False while the last operation timed out (until one completes again).
+    responsive: AtomicBool,
+    /// Bounds the blocking threads this connection may have inside librados/librbd: calls stuck
+    /// on an unreachable OSD keep their permit until they return.
+    permits: Arc<tokio::sync::Semaphore>,
+    /// Threads inside librados/librbd for this connection now.
+    running: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Counts one thread inside librados/librbd until dropped.
+struct Running(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Running {
+    fn enter(count: &Arc<std::sync::atomic::AtomicUsize>) -> Running {
+        count.fetch_add(1, Ordering::SeqCst);
+        Running(Arc::clone(count))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Blocking calls one connection may have running at once (see [`Cluster::run`]).
+pub const MAX_CALLS_PER_CONNECTION: usize = 64;
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -192,13 +218,33 @@ impl Cluster {
             op_timeout: cfg.op_timeout,
             monitors: cfg.monitors.clone(),
             healthy: AtomicBool::new(true),
+            responsive: AtomicBool::new(true),
+            permits: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_PER_CONNECTION)),
+            running: Arc::default(),
         })
     }
 
-    /// False once an operation failed in a way that suggests the connection is broken; the pool
-    /// then reconnects on the next `get`.
+    /// False once an operation failed in a way that says the connection itself is broken (shut
+    /// down, blocklisted, refused); the pool then reconnects on the next `get`.
+    ///
+    /// A timeout does not count: it says an OSD, a PG or one image's lock holder is slow, not
+    /// that the connection is, and librados reconnects to monitors and OSDs by itself. Replacing
+    /// the connection then would let a second client of this process open images the stuck
+    /// calls still hold, and shut the old handle down under librbd's feet (the abort once seen
+    /// under failover, RELIABILITY.md bug 6).
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// False while the last operation on this connection timed out (Ceph slow or unreachable),
+    /// true again once one completes.
+    pub fn is_responsive(&self) -> bool {
+        self.responsive.load(Ordering::Relaxed)
+    }
+
+    /// Threads inside librados/librbd for this connection right now (stuck calls included).
+    pub fn calls_running(&self) -> usize {
+        self.running.load(Ordering::SeqCst)
     }
 
     /// The configured per-operation bound.
@@ -215,24 +261,45 @@ impl Cluster {
     ) -> Result<T, Error> {
         let rados = Arc::clone(&self.rados);
         let span = tracing::debug_span!("ceph.op", op, target = %target);
-        let started = std::time::Instant::now();
-        // librados' own op timeouts end a stuck call; ours is a backstop a little later.
-        let deadline = self.op_timeout + Duration::from_secs(2);
+        let started = tokio::time::Instant::now();
+        // Monitor commands end at librados' rados_mon_op_timeout; OSD ops have no librados
+        // timeout (librbd does not survive one), so this deadline bounds how long the caller
+        // waits. The librbd call itself runs on until Ceph answers.
+        let deadline = started + self.op_timeout + Duration::from_secs(2);
+        let timeout = |op, target| Error::Timeout {
+            op,
+            target,
+            after: deadline - started,
+        };
+        // No more than MAX_CALLS_PER_CONNECTION threads wait inside librbd: when calls stuck
+        // on a long outage hold every permit, new calls time out without taking a thread.
+        let permit = match tokio::time::timeout_at(
+            deadline,
+            Arc::clone(&self.permits).acquire_owned(),
+        )
+        .await
+        {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_closed)) => return Err(Error::invalid(op, target, "connection closed")),
+            Err(_) => {
+                self.responsive.store(false, Ordering::Relaxed);
+                return Err(timeout(op, target));
+            }
+        };
         // counted until the call itself returns, also after our deadline gave up on it
         let call = crate::lifecycle::Call::start();
+        let running = Arc::clone(&self.running);
         let blocking = tokio::task::spawn_blocking(move || {
             let _call = call;
+            let _permit = permit;
+            let _running = Running::enter(&running);
             f(&rados)
         });
-        let result = match tokio::time::timeout(deadline, blocking)
+        let result = match tokio::time::timeout_at(deadline, blocking)
             .instrument(span.clone())
             .await
         {
-            Err(_) => Err(Error::Timeout {
-                op,
-                target,
-                after: deadline,
-            }),
+            Err(_) => Err(timeout(op, target)),
             Ok(Err(join)) => Err(Error::invalid(
                 op,
                 target,
@@ -245,10 +312,15 @@ impl Cluster {
             }),
             Ok(Ok(r)) => r,
         };
-        if let Err(e) = &result
-            && e.is_connection_failure()
-        {
-            self.healthy.store(false, Ordering::Relaxed);
+        match &result {
+            Err(e @ Error::Timeout { .. }) => {
+                tracing::debug!(error = %e, "Ceph did not answer in time");
+                self.responsive.store(false, Ordering::Relaxed);
+            }
+            Err(e) if e.is_connection_failure() => {
+                self.healthy.store(false, Ordering::Relaxed);
+            }
+            _ => self.responsive.store(true, Ordering::Relaxed),
         }
         span.in_scope(|| {
             tracing::debug!(

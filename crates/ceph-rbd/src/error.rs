@@ -111,7 +111,8 @@ impl Error {
         matches!(self, Error::AlreadyExists { .. })
     }
 
-    /// True when the connection itself is suspect (timeouts, shutdown): the pool reconnects.
+    /// True when Ceph could not be reached or the connection itself is broken (timeouts,
+    /// shutdown, refused). Only the latter make the pool reconnect (see `Cluster::is_healthy`).
     pub fn is_connection_failure(&self) -> bool {
         match self {
             Error::Timeout { .. } => true,

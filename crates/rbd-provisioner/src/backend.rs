@@ -81,7 +81,7 @@ impl RbdBackend {
             .with_connect_timeout(self.config.op_timeout);
         let cluster = self.ceph.get(&cfg).await;
         let reachable = match &cluster {
-            Ok(c) => c.is_healthy(),
+            Ok(c) => c.is_healthy() && c.is_responsive(),
             Err(e) => !e.is_connection_failure(),
         };
         self.ceph_reachable
