@@ -47,20 +47,24 @@ fn main() {
             exit::exit(1);
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            None => run::run(cli.provisioner).await,
-            Some(Command::Csi(args)) => csi::run(args).await,
-            Some(Command::Gc(args)) => gc::run(args).await,
-        }
-    });
+    // A panic here has been printed by the panic hook; it must still end through exit::exit.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(async {
+            match cli.command {
+                None => run::run(cli.provisioner).await,
+                Some(Command::Csi(args)) => csi::run(args).await,
+                Some(Command::Gc(args)) => gc::run(args).await,
+            }
+        })
+    }));
     let code = match result {
-        Ok(()) => 0,
-        Err(e) => {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => {
             tracing::error!("{e:#}");
             eprintln!("rbd-provisioner: {e:#}");
             1
         }
+        Err(_panic) => 101,
     };
     // Never return from main or call process::exit: see exit.rs. The runtime is not dropped
     // either (it would wait for librbd calls stuck on an unreachable OSD).

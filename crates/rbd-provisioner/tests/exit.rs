@@ -173,3 +173,43 @@ async fn sigterm_exits_with_status_0() {
     h.wait_all_bound(&all, Duration::from_secs(120)).await;
     h.assert_converged(&prefix, &all, 8 << 20).await;
 }
+
+/// A fatal error at startup (here: an unreadable kubeconfig, a CSI socket that cannot be bound)
+/// ends with status 1 and a message, for every subcommand.
+#[test]
+fn fatal_startup_errors_exit_with_status_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-kubeconfig");
+    let blocked = dir.path().join("not-a-dir");
+    std::fs::write(&blocked, b"").unwrap();
+    let socket = format!("--endpoint=unix://{}/csi.sock", blocked.display());
+    let cases: [(&str, Vec<String>); 3] = [
+        (
+            "provisioner",
+            vec!["--kubeconfig".into(), missing.display().to_string()],
+        ),
+        (
+            "gc",
+            vec![
+                "gc".into(),
+                "--kubeconfig".into(),
+                missing.display().to_string(),
+            ],
+        ),
+        ("csi", vec!["csi".into(), socket, "--node-id=n1".into()]),
+    ];
+    for (what, args) in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            (out.status.code(), out.status.signal()),
+            (Some(1), None),
+            "{what}: {:?}\n{stderr}",
+            out.status
+        );
+        assert!(stderr.contains("rbd-provisioner: "), "{what}: {stderr}");
+    }
+}
