@@ -124,24 +124,29 @@ fn mounted(path: &Path) -> bool {
         .any(|l| l.split_whitespace().nth(1) == Some(&*p))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_csi_pv_from_the_provisioner_stages_publishes_and_keeps_its_data() {
-    let h = Harness::start().await;
-    let _p = h.spawn(&["--leader-elect=false", "--pv-source=csi"], &[]);
+/// The four node requests the kubelet sends for one CSI PV made by the provisioner, staged
+/// under `dir/staging` and published at `dir/pods/p1/volume`.
+struct NodeRequests {
+    stage: NodeStageVolumeRequest,
+    publish: NodePublishVolumeRequest,
+    unpublish: NodeUnpublishVolumeRequest,
+    unstage: NodeUnstageVolumeRequest,
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+/// A Bound fuse-mapped ext4 CSI PV for a new claim `claim`, and the node requests for it.
+async fn fuse_volume(h: &Harness, claim: &str, dir: &Path) -> (PersistentVolume, NodeRequests) {
     let mut params = h.params();
     params.push(("fsType".into(), "ext4".into()));
     params.push(("mounter".into(), "fuse".into()));
     h.create_class("csi", &params, "Delete").await;
-    h.create_claim("app-data", "csi", "64Mi", false).await;
-    let (_, pv) = h.wait_bound("app-data").await;
+    h.create_claim(claim, "csi", "64Mi", false).await;
+    let (_, pv) = h.wait_bound(claim).await;
     let csi = pv.spec.as_ref().unwrap().csi.clone().unwrap();
-    let secrets = secret_data(&h, &pv).await;
-
-    let dir = tempfile::tempdir().unwrap();
-    let plugin = NodePlugin::start(dir.path());
-    let mut node = plugin.client().await;
-    let staging = dir.path().join("staging");
-    let target = dir.path().join("pods/p1/volume");
+    let secrets = secret_data(h, &pv).await;
+    let staging = dir.join("staging");
+    let target = dir.join("pods/p1/volume");
     let cap = VolumeCapability {
         access_type: Some(AccessType::Mount(MountVolume {
             fs_type: csi.fs_type.clone().unwrap(),
@@ -155,7 +160,7 @@ async fn a_csi_pv_from_the_provisioner_stages_publishes_and_keeps_its_data() {
         volume_id: csi.volume_handle.clone(),
         staging_target_path: staging.display().to_string(),
         volume_capability: Some(cap.clone()),
-        secrets: secrets.clone(),
+        secrets,
         volume_context: csi.volume_attributes.clone().unwrap().into_iter().collect(),
         ..Default::default()
     };
@@ -175,6 +180,33 @@ async fn a_csi_pv_from_the_provisioner_stages_publishes_and_keeps_its_data() {
         volume_id: csi.volume_handle.clone(),
         staging_target_path: staging.display().to_string(),
     };
+    let requests = NodeRequests {
+        stage,
+        publish,
+        unpublish,
+        unstage,
+        staging,
+        target,
+    };
+    (pv, requests)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_csi_pv_from_the_provisioner_stages_publishes_and_keeps_its_data() {
+    let h = Harness::start().await;
+    let _p = h.spawn(&["--leader-elect=false", "--pv-source=csi"], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let (pv, r) = fuse_volume(&h, "app-data", dir.path()).await;
+    let NodeRequests {
+        stage,
+        publish,
+        unpublish,
+        unstage,
+        staging,
+        target,
+    } = r;
+    let plugin = NodePlugin::start(dir.path());
+    let mut node = plugin.client().await;
 
     node.node_stage_volume(stage.clone()).await.unwrap();
     node.node_publish_volume(publish.clone()).await.unwrap();
@@ -247,16 +279,8 @@ async fn the_csi_plugin_exits_cleanly_on_sigterm_and_leaves_its_mounts() {
     use std::os::unix::process::ExitStatusExt;
     let h = Harness::start().await;
     let _p = h.spawn(&["--leader-elect=false", "--pv-source=csi"], &[]);
-    let mut params = h.params();
-    params.push(("fsType".into(), "ext4".into()));
-    params.push(("mounter".into(), "fuse".into()));
-    h.create_class("csi", &params, "Delete").await;
-    h.create_claim("kept-mounted", "csi", "64Mi", false).await;
-    let (_, pv) = h.wait_bound("kept-mounted").await;
-    let csi = pv.spec.as_ref().unwrap().csi.clone().unwrap();
-    let secrets = secret_data(&h, &pv).await;
-
     let dir = tempfile::tempdir().unwrap();
+    let (_, r) = fuse_volume(&h, "kept-mounted", dir.path()).await;
     let key_file = dir.path().join("probe.key");
     std::fs::write(&key_file, &h.ceph.admin_key).unwrap();
     let monitors = format!("--monitors={}", h.ceph.monitors);
@@ -268,33 +292,7 @@ async fn the_csi_plugin_exits_cleanly_on_sigterm_and_leaves_its_mounts() {
         monitors.as_str(),
         key_arg.as_str(),
     ];
-    let staging = dir.path().join("staging");
-    let target = dir.path().join("pods/p1/volume");
-    let cap = VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    };
-    let stage = NodeStageVolumeRequest {
-        volume_id: csi.volume_handle.clone(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(cap.clone()),
-        secrets,
-        volume_context: csi.volume_attributes.clone().unwrap().into_iter().collect(),
-        ..Default::default()
-    };
-    let publish = NodePublishVolumeRequest {
-        volume_id: csi.volume_handle.clone(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(cap),
-        volume_context: stage.volume_context.clone(),
-        ..Default::default()
-    };
+    let (staging, target) = (r.staging.clone(), r.target.clone());
     for round in 0..20 {
         let mut plugin = NodePlugin::start_with(dir.path(), &args);
         let channel = plugin.channel().await;
@@ -312,8 +310,8 @@ async fn the_csi_plugin_exits_cleanly_on_sigterm_and_leaves_its_mounts() {
             .unwrap();
         // staged once, then idempotent: the next instances find it staged and published
         let mut node = NodeClient::new(channel);
-        node.node_stage_volume(stage.clone()).await.unwrap();
-        node.node_publish_volume(publish.clone()).await.unwrap();
+        node.node_stage_volume(r.stage.clone()).await.unwrap();
+        node.node_publish_volume(r.publish.clone()).await.unwrap();
         if round == 0 {
             std::fs::write(target.join("kept.txt"), b"survives plugin restarts").unwrap();
         }
@@ -351,17 +349,7 @@ async fn the_csi_plugin_exits_cleanly_on_sigterm_and_leaves_its_mounts() {
     // the next instance takes the mounts down
     let plugin = NodePlugin::start_with(dir.path(), &args);
     let mut node = plugin.client().await;
-    node.node_unpublish_volume(NodeUnpublishVolumeRequest {
-        volume_id: csi.volume_handle.clone(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(NodeUnstageVolumeRequest {
-        volume_id: csi.volume_handle.clone(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    node.node_unpublish_volume(r.unpublish).await.unwrap();
+    node.node_unstage_volume(r.unstage).await.unwrap();
     assert!(!mounted(&target) && !mounted(&staging));
 }
