@@ -68,10 +68,39 @@ impl Controller {
                 None => return,
             }
         };
-        if str_at(&claim, "/status/phase") == Some("Bound") {
+        // As kube-controller-manager's syncClaim: a claim that was ever bound (it carries
+        // `bind-completed`) takes the bound path whatever its phase, so a `Lost` claim whose
+        // volume is back (same name, claimRef with its uid) becomes `Bound` again.
+        if annotation(&claim, ANN_BIND_COMPLETED).is_some() {
             self.sync_bound_claim(&claim);
         } else {
             self.sync_unbound_claim(&claim);
+        }
+    }
+
+    /// The claim `Lost` (as updateClaimStatusWithEvent with no volume: access modes and
+    /// capacity cleared), with a Warning.
+    fn lose_claim(&mut self, claim: &Value, reason: &str, message: &str) {
+        let ns = util::ns_of(claim).to_string();
+        let name = util::name_of(claim).to_string();
+        if str_at(claim, "/status/phase") == Some("Lost") {
+            return;
+        }
+        if let Some(lost) = self.modify(PVCS, &ns, &name, |c| {
+            c["status"]["phase"] = json!("Lost");
+            if let Some(status) = c["status"].as_object_mut() {
+                status.remove("accessModes");
+                status.remove("capacity");
+            }
+        }) {
+            self.recorder.emit(
+                &self.store,
+                &lost,
+                "Warning",
+                reason,
+                message,
+                PV_CONTROLLER,
+            );
         }
     }
 
@@ -99,24 +128,49 @@ impl Controller {
         });
     }
 
+    /// kube-controller-manager's syncBoundClaim: no volume name or no such volume -> `Lost`
+    /// (`ClaimLost`); a volume whose claimRef is empty or carries this claim's uid -> bind again
+    /// (nothing is written when all is set; a `Lost` claim becomes `Bound`); a volume of another
+    /// claim -> `Lost` (`ClaimMisbound`).
     fn sync_bound_claim(&mut self, claim: &Arc<Value>) {
         let volume = str_at(claim, "/spec/volumeName").unwrap_or_default();
-        if !volume.is_empty() && self.store.get(PVS, "", volume).is_none() {
-            let ns = util::ns_of(claim).to_string();
-            let name = util::name_of(claim).to_string();
-            if let Some(lost) =
-                self.modify(PVCS, &ns, &name, |c| c["status"]["phase"] = json!("Lost"))
-            {
-                self.recorder.emit(
-                    &self.store,
-                    &lost,
-                    "Warning",
-                    "ClaimLost",
-                    "Bound claim has lost its PersistentVolume. Data on the volume is lost!",
-                    PV_CONTROLLER,
-                );
-            }
+        if volume.is_empty() {
+            self.lose_claim(
+                claim,
+                "ClaimLost",
+                "Bound claim has lost reference to PersistentVolume. Data on the volume is lost!",
+            );
             return;
+        }
+        let Some(pv) = self.store.get(PVS, "", volume) else {
+            self.lose_claim(
+                claim,
+                "ClaimLost",
+                "Bound claim has lost its PersistentVolume. Data on the volume is lost!",
+            );
+            return;
+        };
+        let ref_uid = crate::util::at(&pv, "/spec/claimRef")
+            .filter(|r| !r.is_null())
+            .map(|r| str_at(r, "/uid").unwrap_or_default());
+        match ref_uid {
+            Some(uid) if Some(uid) != util::meta_str(claim, "uid") => {
+                self.lose_claim(
+                    claim,
+                    "ClaimMisbound",
+                    "Two claims are bound to the same volume, this one is bound incorrectly",
+                );
+                return;
+            }
+            None => {
+                self.bind(claim, &pv, false);
+                return;
+            }
+            _ if str_at(claim, "/status/phase") != Some("Bound") => {
+                self.bind(claim, &pv, false);
+                return;
+            }
+            _ => {}
         }
         // Expand controller: for CSI (and every other) volume it only waits for the external
         // resizer, saying so once.

@@ -56,7 +56,11 @@ impl Controller {
         match claim {
             Some(c) if cuid.is_empty() || util::meta_str(&c, "uid") == Some(cuid.as_str()) => {
                 let bound_here = str_at(&c, "/spec/volumeName") == Some(name);
-                if bound_here && str_at(&c, "/status/phase") == Some("Bound") {
+                let was_bound = util::annotation(&c, "pv.kubernetes.io/bind-completed").is_some();
+                if bound_here && (was_bound || str_at(&c, "/status/phase") == Some("Bound")) {
+                    // syncVolume's "all is bound": the volume's phase only. A claim that went
+                    // `Lost` while its volume was deleted and created again is not synced from
+                    // here; its own next sync (an update of it, or the resync) binds it again.
                     self.modify(PVS, "", name, |v| set_phase(v, "Bound"));
                 } else if str_at(&c, "/spec/volumeName").is_none_or(str::is_empty) || bound_here {
                     // Pre-bound volume, claim not bound yet: the claim sync binds them.
