@@ -10,6 +10,13 @@
 //! (`status.allocatedResources`, the request the resizer last acted on) while the volume
 //! already has more than the new request: reported, never done. (The API server itself refuses
 //! requests below `status.capacity`.)
+//!
+//! A claim whose [`ANN_STORAGE_RESIZER`] annotation names another resizer is that resizer's to
+//! expand ([`ResizeDecision::OtherResizer`]): kube-controller-manager writes the annotation when
+//! its in-tree plugin resizes the volume itself (`kubernetes.io/rbd` on clusters that still have
+//! it), or names a CSI driver when it hands a migrated volume to that driver's external-resizer.
+//! Ours are our provisioner names and the CSI driver of the claim's PV. Without the annotation
+//! the claim is ours (kube-controller-manager without a plugin for the volume writes none).
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -20,6 +27,9 @@ use crate::quantity::{self, ParsedQuantity};
 pub const CONDITION_FS_RESIZE_PENDING: &str = "FileSystemResizePending";
 /// Claim condition saying a controller-side resize is in progress.
 pub const CONDITION_RESIZING: &str = "Resizing";
+/// Claim annotation naming the resizer that owns the claim's expansion (upstream's
+/// `VolumeResizerKey`).
+pub const ANN_STORAGE_RESIZER: &str = "volume.kubernetes.io/storage-resizer";
 
 /// What to do about a claim's size.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +53,35 @@ pub enum ResizeDecision {
         /// The claim's request, as written.
         requested: String,
     },
+    /// The claim asks for more, but its [`ANN_STORAGE_RESIZER`] annotation names another
+    /// resizer: leave it to that one.
+    OtherResizer {
+        /// The annotation's value.
+        resizer: String,
+    },
+}
+
+/// The resizer the claim's [`ANN_STORAGE_RESIZER`] annotation names, when it is neither one of
+/// `our_names` nor the CSI driver of `volume` (the name an external-resizer answers to).
+#[must_use]
+pub fn other_resizer<'a>(
+    claim: &'a PersistentVolumeClaim,
+    volume: &PersistentVolume,
+    our_names: &[String],
+) -> Option<&'a str> {
+    let resizer = claim
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ANN_STORAGE_RESIZER)?
+        .as_str();
+    let driver = volume
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.csi.as_ref())
+        .map(|csi| csi.driver.as_str());
+    let ours = our_names.iter().any(|name| name == resizer) || driver == Some(resizer);
+    (!resizer.is_empty() && !ours).then_some(resizer)
 }
 
 /// Whether the claim carries the condition `kind` with status True.
@@ -97,6 +136,11 @@ pub fn decide(
     if requested <= capacity {
         // Already at least as large as asked (e.g. rounded up at provisioning).
         return ResizeDecision::Nothing;
+    }
+    if let Some(resizer) = other_resizer(claim, volume, our_names) {
+        return ResizeDecision::OtherResizer {
+            resizer: resizer.to_owned(),
+        };
     }
     let volume_size = parsed(quantity::volume_capacity(volume));
     if let Some(allocated) = quantity::claim_allocated(claim)
@@ -373,6 +417,66 @@ mod tests {
             ResizeDecision::Expand {
                 requested: 1536 << 20
             }
+        );
+    }
+
+    fn annotated(mut claim: PersistentVolumeClaim, resizer: &str) -> PersistentVolumeClaim {
+        claim.metadata.annotations =
+            Some([(ANN_STORAGE_RESIZER.to_owned(), resizer.to_owned())].into());
+        claim
+    }
+
+    #[test]
+    fn a_claim_another_resizer_owns_is_left_to_it() {
+        let decide_for = |resizer: &str, volume: &PersistentVolume| {
+            decide(
+                &annotated(claim("2Gi", "1Gi"), resizer),
+                volume,
+                &class(Some(true)),
+                &names(),
+            )
+        };
+        assert_eq!(
+            decide_for("kubernetes.io/rbd", &volume("1Gi")),
+            ResizeDecision::OtherResizer {
+                resizer: "kubernetes.io/rbd".to_owned()
+            }
+        );
+        // Our own name, or an empty value: ours.
+        for resizer in ["ceph.com/rbd", ""] {
+            assert_eq!(
+                decide_for(resizer, &volume("1Gi")),
+                ResizeDecision::Expand { requested: 2 * GI },
+                "{resizer:?}"
+            );
+        }
+        // The CSI driver of the PV is the name an external-resizer answers to: ours too.
+        let mut csi = volume("1Gi");
+        if let Some(spec) = csi.spec.as_mut() {
+            spec.csi = Some(k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
+                driver: "rbd.provisioner.ceph.io".to_owned(),
+                ..Default::default()
+            });
+        }
+        assert_eq!(
+            decide_for("rbd.provisioner.ceph.io", &csi),
+            ResizeDecision::Expand { requested: 2 * GI }
+        );
+        assert_eq!(
+            decide_for("rbd.csi.ceph.com", &csi),
+            ResizeDecision::OtherResizer {
+                resizer: "rbd.csi.ceph.com".to_owned()
+            }
+        );
+        // Nothing requested: nothing to say, whoever owns it.
+        assert_eq!(
+            decide(
+                &annotated(claim("1Gi", "1Gi"), "kubernetes.io/rbd"),
+                &volume("1Gi"),
+                &class(Some(true)),
+                &names()
+            ),
+            ResizeDecision::Nothing
         );
     }
 

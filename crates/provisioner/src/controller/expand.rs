@@ -3,8 +3,10 @@
 //!
 //! # Flow
 //! 1. [`resize::decide`] says `Expand` (or `Shrink`/`TooLarge`: a Warning, nothing changes; a
-//!    request at or below `status.capacity`, e.g. `1G` provisioned as `954Mi`, is `Nothing`).
-//! 2. `Resizing` event; the [`Expander`](crate::Expander) grows the volume.
+//!    request at or below `status.capacity`, e.g. `1G` provisioned as `954Mi`, is `Nothing`;
+//!    a claim whose `volume.kubernetes.io/storage-resizer` annotation names another resizer is
+//!    `OtherResizer`: an `OtherResizer` event, nothing changes).
+//! 2. `Resizing` event and claim condition; the [`Expander`](crate::Expander) grows the volume.
 //! 3. PV `spec.capacity.storage` is raised to the new size.
 //! 4. If the node must still grow the filesystem: claim condition `FileSystemResizePending`
 //!    and event `FileSystemResizeRequired`; else claim `status.capacity` is set and event
@@ -12,6 +14,13 @@
 //!
 //! A failure anywhere is `VolumeResizeFailed` and a retry with backoff. A restart between
 //! steps re-runs the (idempotent) expand and the remaining writes.
+//!
+//! Claim status writes are JSON merge patches of `/status` carrying the `metadata.uid` and
+//! `metadata.resourceVersion` of the claim they were computed from (the external-resizer's
+//! `addResourceVersionCheck`): a merge patch replaces the whole `conditions` list, so a write
+//! computed from a stale read would drop conditions others wrote since. The API server answers
+//! such a write 409 Conflict; it is then recomputed on a fresh read (others' conditions kept,
+//! ours replaced) and sent again.
 
 use std::time::Instant;
 
@@ -25,7 +34,9 @@ use kube::{Resource, ResourceExt};
 use super::{Retry, Shared, error_chain};
 use crate::events::EventType;
 use crate::quantity;
-use crate::resize::{self, CONDITION_FS_RESIZE_PENDING, CONDITION_RESIZING, ResizeDecision};
+use crate::resize::{
+    self, ANN_STORAGE_RESIZER, CONDITION_FS_RESIZE_PENDING, CONDITION_RESIZING, ResizeDecision,
+};
 use crate::volume::ExpandOutcome;
 
 /// Event reasons (the external-resizer's).
@@ -33,6 +44,12 @@ pub(crate) const RESIZING: &str = "Resizing";
 pub(crate) const VOLUME_RESIZE_SUCCESSFUL: &str = "VolumeResizeSuccessful";
 pub(crate) const VOLUME_RESIZE_FAILED: &str = "VolumeResizeFailed";
 pub(crate) const FILE_SYSTEM_RESIZE_REQUIRED: &str = "FileSystemResizeRequired";
+/// Event reason (ours): the claim asks for more, but another resizer owns its expansion.
+pub(crate) const OTHER_RESIZER: &str = "OtherResizer";
+
+/// Attempts of one claim status write that keeps conflicting with concurrent writers (each
+/// after a fresh read); then the whole resize is retried with backoff.
+const STATUS_WRITE_ATTEMPTS: usize = 5;
 
 pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry> {
     let Some(expander) = shared.expander.clone() else {
@@ -64,29 +81,10 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
         return Ok(());
     };
     let class_name = class.name_any();
-    let requested = match resize::decide(&claim, &volume, &class, &shared.names) {
-        ResizeDecision::Nothing => return Ok(()),
-        ResizeDecision::Shrink {
-            requested,
-            allocated,
-        } => {
-            let message = format!(
-                "requested size {requested} is smaller than {allocated}, the size the volume was \
-                 already expanded for (status.allocatedResources): volumes cannot shrink; set \
-                 spec.resources.requests.storage back to at least {allocated}"
-            );
-            shared.event(&claim, EventType::Warning, VOLUME_RESIZE_FAILED, &message);
-            return Ok(());
-        }
-        ResizeDecision::TooLarge { requested } => {
-            let message = format!(
-                "requested size {requested} is larger than {} bytes, the most any volume can hold",
-                u64::MAX
-            );
-            shared.event(&claim, EventType::Warning, VOLUME_RESIZE_FAILED, &message);
-            return Ok(());
-        }
-        ResizeDecision::Expand { requested } => requested,
+    let decision = resize::decide(&claim, &volume, &class, &shared.names);
+    let ResizeDecision::Expand { requested } = decision else {
+        report_no_resize(shared, &claim, decision);
+        return Ok(());
     };
 
     shared.event(
@@ -95,11 +93,17 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
         RESIZING,
         &format!("External resizer is resizing volume {volume_name}"),
     );
-    if let Err(error) = mark_resizing(shared, &claim).await {
-        // Informational only (the external-resizer's `Resizing` condition): the resize itself
-        // goes on, and the final status write replaces these fields anyway.
-        tracing::warn!(claim = %claim.name_any(), %error, "could not mark the claim as resizing");
-    }
+    // The request this resize acts on, as written (`status.allocatedResources`).
+    let acted_on = allocated(&claim);
+    let claim = match mark_resizing(shared, &claim, &acted_on).await {
+        Ok(marked) => marked,
+        Err(error) => {
+            // Informational only (the external-resizer's `Resizing` condition): the resize
+            // itself goes on, and the final status write replaces these fields anyway.
+            tracing::warn!(claim = %claim.name_any(), %error, "could not mark the claim as resizing");
+            claim
+        }
+    };
     let started = Instant::now();
     let outcome = match expander.expand(&volume, requested).await {
         Ok(outcome) if outcome.capacity_bytes >= requested => outcome,
@@ -127,13 +131,49 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
         return fail(shared, &claim, &class_name, &message);
     }
     shared.config.step("after-pv-resize");
-    if let Err(error) = update_claim_status(shared, &claim, outcome).await {
+    if let Err(error) = update_claim_status(shared, &claim, &acted_on, outcome).await {
         let message = format!("updating the status of the claim failed: {error}");
         return fail(shared, &claim, &class_name, &message);
     }
     shared.metrics.expanded(&class_name, started.elapsed());
     report_success(shared, &claim, outcome);
     Ok(())
+}
+
+/// Tells the claim's owner why a request for more is not acted on (nothing for `Nothing`).
+fn report_no_resize(shared: &Shared, claim: &PersistentVolumeClaim, decision: ResizeDecision) {
+    match decision {
+        ResizeDecision::Nothing | ResizeDecision::Expand { .. } => {}
+        ResizeDecision::Shrink {
+            requested,
+            allocated,
+        } => {
+            let message = format!(
+                "requested size {requested} is smaller than {allocated}, the size the volume was \
+                 already expanded for (status.allocatedResources): volumes cannot shrink; set \
+                 spec.resources.requests.storage back to at least {allocated}"
+            );
+            shared.event(claim, EventType::Warning, VOLUME_RESIZE_FAILED, &message);
+        }
+        ResizeDecision::TooLarge { requested } => {
+            let message = format!(
+                "requested size {requested} is larger than {} bytes, the most any volume can hold",
+                u64::MAX
+            );
+            shared.event(claim, EventType::Warning, VOLUME_RESIZE_FAILED, &message);
+        }
+        ResizeDecision::OtherResizer { resizer } => {
+            let ours = &shared.config.provisioner_name;
+            let message = format!(
+                "waiting for {resizer} to expand this claim: its {ANN_STORAGE_RESIZER} \
+                 annotation names {resizer}, so {ours} leaves the volume alone (if {resizer} no \
+                 longer runs in this cluster, e.g. kubernetes.io/rbd on Kubernetes 1.31 and \
+                 later, remove the annotation to let {ours} expand it)"
+            );
+            tracing::info!(claim = %claim.name_any(), %resizer, "expansion left to another resizer");
+            shared.event(claim, EventType::Normal, OTHER_RESIZER, &message);
+        }
+    }
 }
 
 /// The event ending a successful controller-side expansion.
@@ -219,90 +259,126 @@ fn allocated(claim: &PersistentVolumeClaim) -> serde_json::Value {
     quantity::claim_request(claim).map_or(serde_json::Value::Null, |q| serde_json::json!(q))
 }
 
-/// What the external-resizer writes when it starts: the `Resizing` condition,
-/// `allocatedResources` = the requested size and `ControllerResizeInProgress`.
-async fn mark_resizing(shared: &Shared, claim: &PersistentVolumeClaim) -> Result<(), kube::Error> {
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(
-        shared.client.clone(),
-        claim.meta().namespace.as_deref().unwrap_or("default"),
-    );
-    // Merge patches replace lists: keep the conditions that are not ours.
-    let mut conditions: Vec<serde_json::Value> = claim
+/// The claim's conditions without ours (`drop`), as JSON: merge patches replace lists, so
+/// every condition that is not ours to manage is sent back as it is.
+fn foreign_conditions(claim: &PersistentVolumeClaim, drop: &[&str]) -> Vec<serde_json::Value> {
+    claim
         .status
         .as_ref()
         .and_then(|status| status.conditions.clone())
         .unwrap_or_default()
         .into_iter()
-        .filter(|c| c.type_ != CONDITION_RESIZING)
+        .filter(|c| !drop.contains(&c.type_.as_str()))
         .filter_map(|c| serde_json::to_value(c).ok())
-        .collect();
-    conditions.push(serde_json::json!({
-        "type": CONDITION_RESIZING,
-        "status": "True",
-        "lastProbeTime": null,
-        "lastTransitionTime": Time(Timestamp::now()),
-    }));
-    let status = serde_json::json!({
-        "conditions": conditions,
-        "allocatedResources": { "storage": allocated(claim) },
-        "allocatedResourceStatuses": { "storage": "ControllerResizeInProgress" },
-    });
-    api.patch_status(
-        &claim.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&serde_json::json!({ "status": status })),
-    )
+        .collect()
+}
+
+/// Writes the claim's status as computed by `status` from the claim, with the claim's uid and
+/// resourceVersion as preconditions; on 409 Conflict (someone wrote the claim since it was
+/// read) recomputes it from a fresh read and tries again, up to [`STATUS_WRITE_ATTEMPTS`]
+/// times. Returns the claim as written.
+async fn write_claim_status(
+    shared: &Shared,
+    claim: &PersistentVolumeClaim,
+    status: impl Fn(&PersistentVolumeClaim) -> serde_json::Value,
+) -> Result<PersistentVolumeClaim, kube::Error> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(
+        shared.client.clone(),
+        claim.meta().namespace.as_deref().unwrap_or("default"),
+    );
+    let name = claim.name_any();
+    let mut current = claim.clone();
+    let mut attempt = 1;
+    loop {
+        let patch = serde_json::json!({
+            "metadata": {
+                "uid": claim.metadata.uid,
+                "resourceVersion": current.metadata.resource_version,
+            },
+            "status": status(&current),
+        });
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(written) => return Ok(written),
+            Err(kube::Error::Api(conflict))
+                if conflict.code == 409 && attempt < STATUS_WRITE_ATTEMPTS =>
+            {
+                tracing::debug!(claim = %name, attempt, "claim changed since read; writing its status again on a fresh read");
+                let fresh = api.get(&name).await?;
+                if fresh.metadata.uid != claim.metadata.uid {
+                    // Deleted and created again under the same name: not the claim we resized.
+                    return Err(kube::Error::Api(conflict));
+                }
+                current = fresh;
+                attempt += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// What the external-resizer writes when it starts: the `Resizing` condition,
+/// `allocatedResources` = the requested size and `ControllerResizeInProgress`. Returns the
+/// claim as written.
+async fn mark_resizing(
+    shared: &Shared,
+    claim: &PersistentVolumeClaim,
+    acted_on: &serde_json::Value,
+) -> Result<PersistentVolumeClaim, kube::Error> {
+    write_claim_status(shared, claim, |current| {
+        let mut conditions = foreign_conditions(current, &[CONDITION_RESIZING]);
+        conditions.push(serde_json::json!({
+            "type": CONDITION_RESIZING,
+            "status": "True",
+            "lastProbeTime": null,
+            "lastTransitionTime": Time(Timestamp::now()),
+        }));
+        serde_json::json!({
+            "conditions": conditions,
+            "allocatedResources": { "storage": acted_on },
+            "allocatedResourceStatuses": { "storage": "ControllerResizeInProgress" },
+        })
+    })
     .await
-    .map(|_| ())
 }
 
 async fn update_claim_status(
     shared: &Shared,
     claim: &PersistentVolumeClaim,
+    acted_on: &serde_json::Value,
     outcome: ExpandOutcome,
 ) -> Result<(), kube::Error> {
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(
-        shared.client.clone(),
-        claim.meta().namespace.as_deref().unwrap_or("default"),
-    );
-    // Merge patches replace lists: keep every condition that is not ours to manage.
-    let mut conditions: Vec<serde_json::Value> = claim
-        .status
-        .as_ref()
-        .and_then(|status| status.conditions.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c.type_ != CONDITION_RESIZING && c.type_ != CONDITION_FS_RESIZE_PENDING)
-        .filter_map(|c| serde_json::to_value(c).ok())
-        .collect();
     let size = quantity::quantity(outcome.capacity_bytes);
-    let status = if outcome.node_expansion_required {
-        conditions.push(serde_json::json!({
-            "type": CONDITION_FS_RESIZE_PENDING,
-            "status": "True",
-            "lastProbeTime": null,
-            "lastTransitionTime": Time(Timestamp::now()),
-            "message": "Waiting for user to (re-)start a pod to finish file system resize of volume on node.",
-        }));
-        serde_json::json!({
-            "conditions": conditions,
-            "allocatedResources": { "storage": allocated(claim) },
-            // What the kubelet looks at (RecoverVolumeExpansionFailure) to grow the filesystem.
-            "allocatedResourceStatuses": { "storage": "NodeResizePending" },
-        })
-    } else {
-        serde_json::json!({
-            "conditions": conditions,
-            "capacity": { "storage": size },
-            "allocatedResources": { "storage": allocated(claim) },
-            "allocatedResourceStatuses": null,
-        })
-    };
-    api.patch_status(
-        &claim.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&serde_json::json!({ "status": status })),
-    )
+    write_claim_status(shared, claim, |current| {
+        let mut conditions = foreign_conditions(
+            current,
+            &[CONDITION_RESIZING, CONDITION_FS_RESIZE_PENDING],
+        );
+        if outcome.node_expansion_required {
+            conditions.push(serde_json::json!({
+                "type": CONDITION_FS_RESIZE_PENDING,
+                "status": "True",
+                "lastProbeTime": null,
+                "lastTransitionTime": Time(Timestamp::now()),
+                "message": "Waiting for user to (re-)start a pod to finish file system resize of volume on node.",
+            }));
+            serde_json::json!({
+                "conditions": conditions,
+                "allocatedResources": { "storage": acted_on },
+                // What the kubelet looks at (RecoverVolumeExpansionFailure) to grow the filesystem.
+                "allocatedResourceStatuses": { "storage": "NodeResizePending" },
+            })
+        } else {
+            serde_json::json!({
+                "conditions": conditions,
+                "capacity": { "storage": size },
+                "allocatedResources": { "storage": acted_on },
+                "allocatedResourceStatuses": null,
+            })
+        }
+    })
     .await
     .map(|_| ())
 }
