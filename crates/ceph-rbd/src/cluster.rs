@@ -58,6 +58,32 @@ pub struct SnapInfo {
     pub name: String,
     pub size: u64,
     pub protected: bool,
+    /// When the snapshot was taken.
+    pub created: std::time::SystemTime,
+}
+
+/// The snapshot a clone was made from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParentSpec {
+    pub pool: String,
+    /// RADOS namespace of the parent (empty: the default one).
+    pub namespace: String,
+    pub image: String,
+    pub image_id: String,
+    /// The parent image was moved to the trash.
+    pub in_trash: bool,
+    /// Empty when the snapshot is no longer a user snapshot (clone v2: removed while clones
+    /// exist, now in the snapshot trash).
+    pub snap: String,
+    pub snap_id: u64,
+}
+
+/// One snapshot of a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupSnapInfo {
+    pub name: String,
+    /// False while (or if) the group snapshot was not taken on every image.
+    pub complete: bool,
 }
 
 /// One image in a pool's trash.
@@ -649,6 +675,88 @@ impl Cluster {
             let src = rados.ioctx(&pool_s)?;
             let dst = rados.ioctx(&dest_pool)?;
             src.clone_image(&parent, &snap, &dst, &dest_name, &opts)
+        })
+        .await
+    }
+
+    /// The snapshot `pool/name` was cloned from, `None` if it is no clone (or was flattened).
+    pub async fn parent(&self, pool: &str, name: &str) -> Result<Option<ParentSpec>, Error> {
+        self.with_image("read image parent", pool, name, true, |img| img.parent())
+            .await
+    }
+
+    /// Creates an (empty) group of images.
+    pub async fn group_create(&self, pool: &str, group: &str) -> Result<(), Error> {
+        let group = group.to_string();
+        self.with_pool(
+            "create group",
+            pool,
+            format!("{pool}/group:{group}"),
+            move |io| io.group_create(&group),
+        )
+        .await
+    }
+
+    /// Removes a group (its images stay; its group snapshots go).
+    pub async fn group_remove(&self, pool: &str, group: &str) -> Result<(), Error> {
+        let group = group.to_string();
+        self.with_pool(
+            "remove group",
+            pool,
+            format!("{pool}/group:{group}"),
+            move |io| io.group_remove(&group),
+        )
+        .await
+    }
+
+    /// Adds `image_pool/image` to the group `pool/group` (`add`), or removes it.
+    pub async fn group_image(
+        &self,
+        pool: &str,
+        group: &str,
+        image_pool: &str,
+        image: &str,
+        add: bool,
+    ) -> Result<(), Error> {
+        check_image_name("group image", image_pool, image)?;
+        let (group, image_pool, image) =
+            (group.to_string(), image_pool.to_string(), image.to_string());
+        let target = format!("{pool}/group:{group} {image_pool}/{image}");
+        let pool = pool.to_string();
+        self.run("group image", target, move |rados| {
+            let group_io = rados.ioctx(&pool)?;
+            let image_io = rados.ioctx(&image_pool)?;
+            group_io.group_image(&group, &image_io, &image, add)
+        })
+        .await
+    }
+
+    /// Snapshots every image of the group at once (`create`), or removes that group snapshot.
+    pub async fn group_snap(
+        &self,
+        pool: &str,
+        group: &str,
+        snap: &str,
+        create: bool,
+    ) -> Result<(), Error> {
+        let (group, snap) = (group.to_string(), snap.to_string());
+        let target = format!("{pool}/group:{group}@{snap}");
+        self.with_pool("group snapshot", pool, target, move |io| {
+            io.group_snap(&group, &snap, create)
+        })
+        .await
+    }
+
+    /// The group's snapshots.
+    pub async fn group_snap_list(
+        &self,
+        pool: &str,
+        group: &str,
+    ) -> Result<Vec<GroupSnapInfo>, Error> {
+        let group = group.to_string();
+        let target = format!("{pool}/group:{group}");
+        self.with_pool("list group snapshots", pool, target, move |io| {
+            io.group_snap_list(&group)
         })
         .await
     }

@@ -14,8 +14,8 @@ use std::marker::PhantomData;
 use std::ptr;
 
 use crate::{
-    ClusterConfig, ClusterStats, CreateOptions, Error, Features, ImageInfo, PoolStats, SnapInfo,
-    TrashEntry, Watcher,
+    ClusterConfig, ClusterStats, CreateOptions, Error, Features, GroupSnapInfo, ImageInfo,
+    ParentSpec, PoolStats, SnapInfo, TrashEntry, Watcher,
 };
 
 #[allow(
@@ -91,6 +91,15 @@ fn nul_terminated(buf: &[u8]) -> Vec<String> {
 fn metadata_pairs(keys: &[u8], vals: &[u8]) -> Option<BTreeMap<String, String>> {
     let (keys, vals) = (nul_terminated(keys), nul_terminated(vals));
     (keys.len() == vals.len()).then(|| keys.into_iter().zip(vals).collect())
+}
+
+/// A librbd `struct timespec` as a time.
+fn system_time(ts: &libc::timespec) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH
+        + std::time::Duration::new(
+            u64::try_from(ts.tv_sec).unwrap_or(0),
+            u32::try_from(ts.tv_nsec).unwrap_or(0),
+        )
 }
 
 /// Text up to the first NUL.
@@ -281,6 +290,7 @@ impl ImageOptions {
         if let Some(count) = opts.stripe_count {
             o.set_u64(ffi::RBD_IMAGE_OPTION_STRIPE_COUNT, count, op, target)?;
         }
+
         if let Some(pool) = &opts.data_pool {
             let c_pool = cstring(pool, op, target)?;
             // SAFETY: valid options handle and string.
@@ -315,6 +325,116 @@ impl Drop for ImageOptions {
 }
 
 impl IoCtx<'_> {
+    /// Calls librbd's `(ioctx, group name)` functions.
+    fn group_call(
+        &self,
+        op: &'static str,
+        group: &str,
+        f: unsafe extern "C" fn(ffi::rados_ioctx_t, *const c_char) -> c_int,
+    ) -> Result<(), Error> {
+        let target = format!("{}/group:{group}", self.pool);
+        let c_group = cstring(group, op, &target)?;
+        // SAFETY: `f` is rbd_group_create or rbd_group_remove; valid ioctx and string.
+        check(unsafe { f(self.handle, c_group.as_ptr()) }, op, &target).map(drop)
+    }
+
+    pub(crate) fn group_create(&self, group: &str) -> Result<(), Error> {
+        self.group_call("create group", group, ffi::rbd_group_create)
+    }
+
+    pub(crate) fn group_remove(&self, group: &str) -> Result<(), Error> {
+        self.group_call("remove group", group, ffi::rbd_group_remove)
+    }
+
+    /// Adds (`add`) or removes `image_io`'s `image` to or from `group`.
+    pub(crate) fn group_image(
+        &self,
+        group: &str,
+        image_io: &IoCtx<'_>,
+        image: &str,
+        add: bool,
+    ) -> Result<(), Error> {
+        let op = if add {
+            "add image to group"
+        } else {
+            "remove image from group"
+        };
+        let target = format!("{}/group:{group} {}", self.pool, image_io.spec(image));
+        let (g, i) = (cstring(group, op, &target)?, cstring(image, op, &target)?);
+        // SAFETY: valid ioctxs and strings.
+        let rc = unsafe {
+            if add {
+                ffi::rbd_group_image_add(self.handle, g.as_ptr(), image_io.handle, i.as_ptr())
+            } else {
+                ffi::rbd_group_image_remove(self.handle, g.as_ptr(), image_io.handle, i.as_ptr())
+            }
+        };
+        check(rc, op, &target).map(drop)
+    }
+
+    /// Creates (`create`) or removes snapshot `snap` of every image of `group` at once
+    /// (crash-consistent: writes to the group's images are quiesced together).
+    pub(crate) fn group_snap(&self, group: &str, snap: &str, create: bool) -> Result<(), Error> {
+        let op = if create {
+            "create group snapshot"
+        } else {
+            "remove group snapshot"
+        };
+        let target = format!("{}/group:{group}@{snap}", self.pool);
+        let (g, n) = (cstring(group, op, &target)?, cstring(snap, op, &target)?);
+        // SAFETY: valid ioctx and strings.
+        let rc = unsafe {
+            if create {
+                ffi::rbd_group_snap_create(self.handle, g.as_ptr(), n.as_ptr())
+            } else {
+                ffi::rbd_group_snap_remove(self.handle, g.as_ptr(), n.as_ptr())
+            }
+        };
+        check(rc, op, &target).map(drop)
+    }
+
+    pub(crate) fn group_snap_list(&self, group: &str) -> Result<Vec<GroupSnapInfo>, Error> {
+        let op = "list group snapshots";
+        let target = format!("{}/group:{group}", self.pool);
+        let c_group = cstring(group, op, &target)?;
+        let size = std::mem::size_of::<ffi::rbd_group_snap_info_t>();
+        let mut max: usize = 16;
+        for _ in 0..8 {
+            // SAFETY: plain C structs: all-zero is a valid value.
+            let mut snaps: Vec<ffi::rbd_group_snap_info_t> =
+                (0..max).map(|_| unsafe { std::mem::zeroed() }).collect();
+            let mut n = max;
+            // SAFETY: room for `n` entries of `size` bytes.
+            let rc = unsafe {
+                ffi::rbd_group_snap_list(
+                    self.handle,
+                    c_group.as_ptr(),
+                    snaps.as_mut_ptr(),
+                    size,
+                    &mut n,
+                )
+            };
+            if rc == -libc::ERANGE {
+                max = n.max(max * 2);
+                continue;
+            }
+            check(rc, op, &target)?;
+            let count = n.min(snaps.len());
+            let list = snaps[..count]
+                .iter()
+                .map(|s| GroupSnapInfo {
+                    // SAFETY: names librbd set, valid until the cleanup below.
+                    name: unsafe { owned(s.name) },
+                    complete: s.state == ffi::rbd_group_snap_state_t_RBD_GROUP_SNAP_STATE_COMPLETE,
+                })
+                .collect();
+            // SAFETY: releases the `count` entries librbd filled, once.
+            unsafe { ffi::rbd_group_snap_list_cleanup(snaps.as_mut_ptr(), size, count) };
+            return Ok(list);
+        }
+        Err(Error::from_errno(-libc::ERANGE, op, &target))
+    }
+
     fn spec(&self, image: &str) -> String {
         format!("{}/{}", self.pool, image)
     }
@@ -354,6 +474,9 @@ impl IoCtx<'_> {
             cstring(dest_name, op, &target)?,
         );
         let options = ImageOptions::new(opts, op, &target)?;
+        // Clone v2: the parent snapshot needs no protection and may be removed while clones of
+        // it exist (it waits in the snapshot trash until none needs it).
+        options.set_u64(ffi::RBD_IMAGE_OPTION_CLONE_FORMAT, 2, op, &target)?;
         // SAFETY: valid ioctxs, strings and options.
         let rc = unsafe {
             ffi::rbd_clone3(
@@ -756,6 +879,20 @@ impl Image<'_> {
             unsafe { snaps.set_len(count) };
             let mut list = Vec::with_capacity(count);
             for s in &snaps {
+                let mut namespace: ffi::rbd_snap_namespace_type_t = 0;
+                // SAFETY: open image, a listed snapshot id and an out-pointer.
+                let rc =
+                    unsafe { ffi::rbd_snap_get_namespace_type(self.handle, s.id, &mut namespace) };
+                if rc < 0 {
+                    // SAFETY: releases the names librbd allocated.
+                    unsafe { ffi::rbd_snap_list_end(snaps.as_mut_ptr()) };
+                    return Err(Error::from_errno(rc, op, &self.target));
+                }
+                // only user snapshots: not those of a group, nor removed ones that wait in the
+                // snapshot trash for their clones (clone v2)
+                if namespace != ffi::rbd_snap_namespace_type_t_RBD_SNAP_NAMESPACE_TYPE_USER {
+                    continue;
+                }
                 let c_name_ptr = s.name;
                 // SAFETY: valid C string until rbd_snap_list_end.
                 let name = unsafe { owned(c_name_ptr) };
@@ -770,11 +907,30 @@ impl Image<'_> {
                     unsafe { ffi::rbd_snap_list_end(snaps.as_mut_ptr()) };
                     return Err(Error::from_errno(rc, op, &self.target));
                 }
+                let mut created = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                // SAFETY: open image, a snapshot id librbd just listed, a valid out-struct
+                // (librbd's `struct timespec` is libc's).
+                let rc = unsafe {
+                    ffi::rbd_snap_get_timestamp(
+                        self.handle,
+                        s.id,
+                        std::ptr::from_mut(&mut created).cast(),
+                    )
+                };
+                if rc < 0 {
+                    // SAFETY: releases the names librbd allocated.
+                    unsafe { ffi::rbd_snap_list_end(snaps.as_mut_ptr()) };
+                    return Err(Error::from_errno(rc, op, &self.target));
+                }
                 list.push(SnapInfo {
                     id: s.id,
                     name,
                     size: s.size,
                     protected: protected != 0,
+                    created: system_time(&created),
                 });
             }
             // SAFETY: releases the names librbd allocated.
@@ -782,6 +938,41 @@ impl Image<'_> {
             return Ok(list);
         }
         Err(Error::from_errno(-libc::ERANGE, op, &self.target))
+    }
+
+    /// The snapshot this image was cloned from; `None` for an image that is no clone (or was
+    /// flattened).
+    pub(crate) fn parent(&self) -> Result<Option<ParentSpec>, Error> {
+        let op = "read image parent";
+        // SAFETY: plain C structs of integers and pointers: all-zero is a valid value.
+        let mut image: ffi::rbd_linked_image_spec_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut snap: ffi::rbd_snap_spec_t = unsafe { std::mem::zeroed() };
+        // SAFETY: open image and valid out-structs; on success librbd allocates their strings,
+        // released by the cleanup calls below.
+        let rc = unsafe { ffi::rbd_get_parent(self.handle, &mut image, &mut snap) };
+        if rc == -libc::ENOENT {
+            return Ok(None);
+        }
+        check(rc, op, &self.target)?;
+        // SAFETY: strings librbd set (or null), valid until the cleanup calls.
+        let parent = unsafe {
+            ParentSpec {
+                pool: owned(image.pool_name),
+                namespace: owned(image.pool_namespace),
+                image: owned(image.image_name),
+                image_id: owned(image.image_id),
+                in_trash: image.trash,
+                snap: owned(snap.name),
+                snap_id: snap.id,
+            }
+        };
+        // SAFETY: release what rbd_get_parent allocated, once.
+        unsafe {
+            ffi::rbd_linked_image_spec_cleanup(&mut image);
+            ffi::rbd_snap_spec_cleanup(&mut snap);
+        }
+        Ok(Some(parent))
     }
 
     pub(crate) fn flatten(&self) -> Result<(), Error> {

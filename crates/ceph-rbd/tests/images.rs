@@ -433,3 +433,115 @@ async fn a_partially_created_image_can_be_removed_and_created_again() {
             .is_not_found()
     );
 }
+
+/// Clones are v2: the parent snapshot need not be protected, and can be removed while a clone of it
+/// lives (it waits in the snapshot trash until the clone no longer needs it).
+#[tokio::test]
+async fn clone_v2_lets_the_parent_snapshot_go_while_the_clone_lives() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let parent = unique("v2parent");
+    let child = unique("v2child");
+    cluster
+        .create_image(&pool, &parent, 8 * MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    let before = std::time::SystemTime::now() - Duration::from_secs(60);
+    cluster.snap_create(&pool, &parent, "s1").await.unwrap();
+    let snaps = cluster.snap_list(&pool, &parent).await.unwrap();
+    assert!(snaps[0].created > before, "{snaps:?}");
+    assert!(!snaps[0].protected);
+    cluster
+        .clone_image(
+            &pool,
+            &parent,
+            "s1",
+            &pool,
+            &child,
+            &CreateOptions::default(),
+        )
+        .await
+        .unwrap();
+    let spec = cluster.parent(&pool, &child).await.unwrap().unwrap();
+    assert_eq!(
+        (spec.pool.as_str(), spec.image.as_str(), spec.snap.as_str()),
+        (pool.as_str(), parent.as_str(), "s1")
+    );
+    assert_eq!(cluster.parent(&pool, &parent).await.unwrap(), None);
+
+    // the snapshot goes (to the trash) although the clone still needs it
+    cluster.snap_remove(&pool, &parent, "s1").await.unwrap();
+    assert!(cluster.snap_list(&pool, &parent).await.unwrap().is_empty());
+    let spec = cluster.parent(&pool, &child).await.unwrap().unwrap();
+    assert_eq!(spec.image, parent);
+    // the parent image itself must wait for the clone
+    assert!(cluster.remove_image(&pool, &parent).await.is_err());
+    cluster.flatten(&pool, &child).await.unwrap();
+    assert_eq!(cluster.parent(&pool, &child).await.unwrap(), None);
+    cluster.remove_image(&pool, &parent).await.unwrap();
+    cluster.remove_image(&pool, &child).await.unwrap();
+}
+
+/// A group snapshot covers all of the group's images at once; removing it and the group leaves
+/// the images.
+#[tokio::test]
+async fn group_snapshots_cover_every_image_at_once() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    let group = unique("grp");
+    let images = [unique("gimg"), unique("gimg")];
+    for image in &images {
+        cluster
+            .create_image(&pool, image, 4 * MIB, &CreateOptions::default())
+            .await
+            .unwrap();
+    }
+    cluster.group_create(&pool, &group).await.unwrap();
+    assert!(
+        cluster
+            .group_create(&pool, &group)
+            .await
+            .unwrap_err()
+            .is_already_exists()
+    );
+    for image in &images {
+        cluster
+            .group_image(&pool, &group, &pool, image, true)
+            .await
+            .unwrap();
+    }
+    cluster
+        .group_snap(&pool, &group, "gs1", true)
+        .await
+        .unwrap();
+    let snaps = cluster.group_snap_list(&pool, &group).await.unwrap();
+    assert_eq!(snaps.len(), 1, "{snaps:?}");
+    assert_eq!((snaps[0].name.as_str(), snaps[0].complete), ("gs1", true));
+    // the images carry it in the group namespace: not among their own snapshots
+    for image in &images {
+        assert!(cluster.snap_list(&pool, image).await.unwrap().is_empty());
+    }
+    cluster
+        .group_snap(&pool, &group, "gs1", false)
+        .await
+        .unwrap();
+    assert!(
+        cluster
+            .group_snap_list(&pool, &group)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    cluster
+        .group_image(&pool, &group, &pool, &images[0], false)
+        .await
+        .unwrap();
+    cluster.group_remove(&pool, &group).await.unwrap();
+    // gone: removing again is a no-op (librbd), and the name can be taken again
+    cluster.group_remove(&pool, &group).await.unwrap();
+    cluster.group_create(&pool, &group).await.unwrap();
+    cluster.group_remove(&pool, &group).await.unwrap();
+    for image in &images {
+        cluster.remove_image(&pool, image).await.unwrap();
+    }
+}
