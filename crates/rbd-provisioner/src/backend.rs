@@ -1,6 +1,5 @@
 //! The RBD backend of the provisioning library: `Provisioner` and `Expander` on ceph-rbd.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,9 @@ use provisioner::{
     Provisioned, Provisioner, SecretRef,
 };
 
-use crate::image::{Naming, Owner, Ownership, ownership};
+use rbd_volume::{Claimant, Fit, Hooks, NewImage, Step};
+
+use crate::image::{Naming, Owner};
 use crate::params::{Parameters, PvSource};
 use crate::pv_build::{ANN_ADMIN_ID, ImageLocation, VolumeInputs, build_volume, image_location};
 use crate::{claim, crashpoint, monitors, secrets};
@@ -121,96 +122,6 @@ impl RbdBackend {
         }
     }
 
-    /// Creates the image, or finds it after a retry. Returns `InBackground` when Ceph did not
-    /// answer (the create may have happened).
-    async fn ensure_image(
-        &self,
-        cluster: &ceph_rbd::Cluster,
-        params: &Parameters,
-        image: &str,
-        size: u64,
-        owner: &Owner,
-    ) -> Result<(), ProvisionError> {
-        let pool = &params.pool;
-        let opts = CreateOptions {
-            format: Some(params.image_format),
-            features: (params.image_format == 2).then_some(params.image_features),
-            data_pool: params.data_pool.clone(),
-            object_size: params.object_size,
-            stripe_unit: params.stripe_unit,
-            stripe_count: params.stripe_count,
-        };
-        let mut recorded = BTreeMap::new();
-        let mut removed_partial = false;
-        loop {
-            match cluster.create_image(pool, image, size, &opts).await {
-                Ok(()) => {
-                    crashpoint::hit("after-image-create");
-                    tracing::info!(pool = %pool, image, size, "image created");
-                    break;
-                }
-                Err(e) if e.is_already_exists() => {
-                    recorded = match cluster.metadata_list(pool, image).await {
-                        Ok(meta) => meta,
-                        // A create killed midway leaves the id object but no header: no data,
-                        // and it can never be opened. Clean it up and create it properly.
-                        Err(e) if e.is_not_found() && !removed_partial => {
-                            tracing::warn!(pool = %pool, image, "found a partially created image (an earlier create was interrupted); removing it and creating it again");
-                            match cluster.remove_image(pool, image).await {
-                                Ok(()) => {}
-                                Err(e) if e.is_not_found() => {}
-                                Err(e) => return Err(ceph_error(e)),
-                            }
-                            removed_partial = true;
-                            continue;
-                        }
-                        Err(e) => return Err(ceph_error(e)),
-                    };
-                    match ownership(&recorded, &owner.pv) {
-                        Ownership::Ours => {
-                            tracing::info!(pool = %pool, image, "image already exists for this PV; reusing it");
-                            let info = cluster.image_info(pool, image).await.map_err(ceph_error)?;
-                            if info.size < size {
-                                cluster
-                                    .resize_image(pool, image, size, false)
-                                    .await
-                                    .map_err(ceph_error)?;
-                            }
-                        }
-                        Ownership::Unrecorded => {
-                            tracing::warn!(pool = %pool, image, "image exists without an owner record; adopting it for this PV");
-                        }
-                        Ownership::Foreign(other) => {
-                            return Err(ProvisionError::final_error(format!(
-                                "image {pool}/{image} already exists and belongs to PV {} (claim {}); refusing to reuse it",
-                                other.pv, other.claim
-                            )));
-                        }
-                    }
-                    break;
-                }
-                Err(e) => return Err(ceph_error(e)),
-            }
-        }
-        // Write what is missing of the owner record (all of it after a fresh create; the rest
-        // of it after a crash between two keys). The PV key goes last: an image counts as
-        // ours only once the whole record is there.
-        let missing: Vec<(String, String)> = owner
-            .entries()
-            .iter()
-            .filter(|(key, value)| recorded.get(*key).map(String::as_str) != Some(*value))
-            .map(|(key, value)| ((*key).to_string(), (*value).to_string()))
-            .collect();
-        if !missing.is_empty() {
-            cluster
-                .metadata_set_many(pool, image, missing, Some(owner_key_written))
-                .await
-                .map_err(ceph_error)?;
-        }
-        crashpoint::hit("after-image-metadata");
-        Ok(())
-    }
-
     /// Key and monitors for acting on an existing PV's image, from the PV alone.
     async fn access_for(
         &self,
@@ -278,14 +189,24 @@ impl RbdBackend {
     }
 }
 
+/// The crash points of the binary (`crashpoint.rs`) at the volume core's steps.
+const CRASH_POINTS: Hooks = Hooks {
+    step: crash_at_step,
+    owner_key_written,
+};
+
+fn crash_at_step(step: Step) {
+    crashpoint::hit(step.name());
+}
+
 /// Called by ceph-rbd after each owner key is written (crash point between keys).
 fn owner_key_written(_key: &str) {
     crashpoint::hit("after-image-owner-key");
 }
 
-/// Ceph errors while provisioning: a timeout may hide a create that happened.
-fn ceph_error(e: ceph_rbd::Error) -> ProvisionError {
-    if matches!(e, ceph_rbd::Error::Timeout { .. }) {
+/// Volume core errors while provisioning: a timeout may hide a create that happened.
+fn provision_error(e: rbd_volume::Error) -> ProvisionError {
+    if e.is_timeout() {
         ProvisionError::in_background(e)
     } else {
         ProvisionError::final_error(e)
@@ -327,8 +248,25 @@ impl Provisioner for RbdBackend {
             ),
             provisioner: self.config.identity.clone(),
         };
-        self.ensure_image(&cluster, &params, &image, size, &owner)
-            .await?;
+        let create_options = CreateOptions {
+            format: Some(params.image_format),
+            features: (params.image_format == 2).then_some(params.image_features),
+            data_pool: params.data_pool.clone(),
+            object_size: params.object_size,
+            stripe_unit: params.stripe_unit,
+            stripe_count: params.stripe_count,
+        };
+        let new = NewImage {
+            pool: &params.pool,
+            image: &image,
+            size,
+            options: &create_options,
+            owner: &owner,
+            fit: Fit::Grow,
+        };
+        rbd_volume::ensure(&cluster, &new, &CRASH_POINTS)
+            .await
+            .map_err(provision_error)?;
 
         let source = self.pv_source(&params).await;
         let volume = build_volume(&VolumeInputs {
@@ -365,33 +303,12 @@ impl Provisioner for RbdBackend {
             .await
             .map_err(DeleteError::failed)?;
         let (pool, image) = (&location.pool, &location.image);
+        let claimant = Claimant::Volume(pv_name.clone());
         // one open reads the owner record and the watchers before the removal
-        let pv = pv_name.clone();
-        let refuse_foreign = move |meta: &BTreeMap<String, String>| match ownership(meta, &pv) {
-            Ownership::Foreign(other) => Err(format!(
-                "belongs to PV {} (claim {}), not {pv}; refusing to delete it",
-                other.pv, other.claim
-            )),
-            Ownership::Ours | Ownership::Unrecorded => Ok(()),
-        };
-        match cluster
-            .remove_image_checked(pool, image, refuse_foreign)
+        rbd_volume::delete(&cluster, pool, image, &claimant, &CRASH_POINTS)
             .await
-        {
-            Ok(Ok(())) => {
-                crashpoint::hit("after-image-remove");
-                tracing::info!(pv = %pv_name, pool = %pool, image = %image, "image removed");
-                Ok(())
-            }
-            Ok(Err(reason)) => Err(DeleteError::failed(format!(
-                "image {pool}/{image} {reason}"
-            ))),
-            Err(e) if e.is_not_found() => {
-                tracing::info!(pv = %pv_name, pool = %pool, image = %image, "image already gone");
-                Ok(())
-            }
-            Err(e) => Err(DeleteError::failed(e)),
-        }
+            .map(drop)
+            .map_err(DeleteError::failed)
     }
 
     fn supports_block(&self) -> bool {
@@ -443,26 +360,21 @@ impl Expander for RbdBackend {
         let size = claim::size_in_mib(new_size_bytes).ok_or_else(|| {
             ExpandError::new(format!(
                 "requested size {new_size_bytes} bytes is larger than the largest RBD image, {}",
-                rbd_csi::volume::MAX_SIZE_TEXT
+                rbd_volume::size::MAX_SIZE_TEXT
             ))
         })?;
-        let (pool, image) = (&location.pool, &location.image);
-        let current = cluster
-            .image_info(pool, image)
-            .await
-            .map_err(ExpandError::new)?
-            .size;
-        if current < size {
-            cluster
-                .resize_image(pool, image, size, false)
-                .await
-                .map_err(ExpandError::new)?;
-            crashpoint::hit("after-image-resize");
-            tracing::info!(pool = %pool, image = %image, from = current, to = size, "image resized");
-        }
+        let grown = rbd_volume::grow(
+            &cluster,
+            &location.pool,
+            &location.image,
+            size,
+            &CRASH_POINTS,
+        )
+        .await
+        .map_err(ExpandError::new)?;
         let block = volume.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
         Ok(ExpandOutcome {
-            capacity_bytes: current.max(size),
+            capacity_bytes: grown.size,
             node_expansion_required: !block,
         })
     }

@@ -2,9 +2,11 @@
 //! process abort (no cleanup, no unwinding, like a SIGKILL) the `n`-th time (default: the first)
 //! it reaches `<step>`. A later hit of the same step in the same process never aborts again.
 //!
-//! Steps (see `backend.rs`):
+//! Steps: the volume core's (`rbd_volume::Step`, `rbd_volume::Hooks`), reached through the hooks
+//! `backend.rs` passes to it:
 //! - `after-image-create`: the image exists, its owner metadata does not, no PV yet;
-//! - `after-image-owner-key`: after each key of the owner record (`:1` = only the PV key written);
+//! - `after-image-owner-key`: after each key of the owner record (`:1` = only the first key, the
+//!   provisioner's, written: the PV key goes last);
 //! - `after-image-metadata`: image and owner record exist, the PV is not saved yet
 //!   (the last moment before the library's PV save);
 //! - `after-image-remove`: the image is gone, the PV (and its finalizer) still exist;

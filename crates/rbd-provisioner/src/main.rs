@@ -1,26 +1,10 @@
 //! `rbd-provisioner`: Ceph RBD dynamic provisioning and CSI driver for Kubernetes.
 
-mod backend;
-mod claim;
-mod cli;
-mod crashpoint;
-mod csi;
-mod duration;
-mod exit;
-mod gc;
-mod image;
-mod kube_client;
-mod monitors;
-mod params;
-mod pv_build;
-mod run;
-mod secrets;
-mod throttle;
-
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::{Cli, Command, LogArgs, LogFormat};
+use rbd_provisioner::cli::{self, Cli, Command, LogArgs, LogFormat};
+use rbd_provisioner::{csi, exit, gc, migrate, run};
 
 fn init_logging(log: &LogArgs) {
     let level = match log.verbosity {
@@ -54,6 +38,7 @@ fn main() {
                 None => run::run(cli.provisioner).await,
                 Some(Command::Csi(args)) => csi::run(args).await,
                 Some(Command::Gc(args)) => gc::run(args).await,
+                Some(Command::Migrate(args)) => migrate::run(args).await,
             }
         })
     }));

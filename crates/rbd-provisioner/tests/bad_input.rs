@@ -3,24 +3,11 @@
 //! error always names the field), and a few generated bad classes through the real binary
 //! (a ProvisioningFailed event naming the parameter, never a crash).
 //!
-//! The binary's pure modules are private (no lib target); they are compiled into this test with
-//! `#[path]` (params.rs, claim.rs, secrets.rs use no `crate::` paths), so the real code is tested.
+//! The parsers are the binary's own modules, used through its library target.
 //!
 //! `cargo test -p rbd-provisioner --test bad_input` (PROPTEST_CASES=N for more cases).
 
 mod support;
-
-#[allow(dead_code)]
-#[path = "../src/params.rs"]
-mod params;
-
-#[allow(dead_code)]
-#[path = "../src/claim.rs"]
-mod claim;
-
-#[allow(dead_code)]
-#[path = "../src/secrets.rs"]
-mod secrets;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -31,6 +18,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
+use rbd_provisioner::{claim, params, secrets};
 use serde_json::json;
 
 /// Every key the parser knows, in canonical spelling.

@@ -2,12 +2,18 @@
 //! `ValidateVolumeCapabilities`, `GetCapacity` and `ControllerGetCapabilities`, on librbd through
 //! `ceph-rbd` (pooled connections keyed by monitors + user + key).
 //!
+//! The image lifecycle is the volume core's ([`rbd_volume`]), the one the built-in provisioner
+//! uses too: this module translates CSI requests onto it and its errors into CSI codes.
+//!
 //! **Idempotency** comes from deterministic names, not a journal: the image name is derived from
 //! the request name ([`crate::volume::image_name`]), so a retried `CreateVolume` finds its image.
 //! The owner (request name, claim, driver) is recorded in the image's metadata with the same keys
 //! the built-in provisioner uses ([`META_PV`], [`META_CLAIM`], [`META_PROVISIONER`]); an image of
-//! that name owned by another request is `ALREADY_EXISTS`, never adopted. Calls for one volume (or
-//! one request name) are serialised: a concurrent second call gets ABORTED.
+//! that name owned by another request is `ALREADY_EXISTS`, never adopted. A half-created image (a
+//! create killed midway, or an owner record cut short) is repaired by the next `CreateVolume`.
+//! `DeleteVolume` refuses (`FAILED_PRECONDITION`) an image whose owner record names a volume it is
+//! not the image of. Calls for one volume (or one request name) are serialised: a concurrent
+//! second call gets ABORTED.
 
 mod params;
 mod volumes;
@@ -25,12 +31,7 @@ use crate::proto::csi::{self, controller_server::Controller, controller_service_
 
 pub use params::{CreateParams, create_params, credentials};
 
-/// Image metadata key: the CSI request name (the PV name with the external-provisioner).
-pub const META_PV: &str = "provisioner.ceph.com/pv";
-/// Image metadata key: `namespace/name` of the claim, when known.
-pub const META_CLAIM: &str = "provisioner.ceph.com/claim";
-/// Image metadata key: who created the image (the CSI driver name).
-pub const META_PROVISIONER: &str = "provisioner.ceph.com/provisioner";
+pub use rbd_volume::owner::{META_CLAIM, META_PROVISIONER, META_PV};
 
 /// The Controller service.
 #[derive(Clone)]
@@ -41,6 +42,8 @@ pub struct ControllerService {
     /// Credentials for calls that carry no secrets (`GetCapacity`).
     capacity_cluster: Option<ProbeCluster>,
     locks: VolumeLocks,
+    /// Called at the volume core's steps (none by default).
+    hooks: rbd_volume::Hooks,
 }
 
 impl std::fmt::Debug for ControllerService {
@@ -62,7 +65,15 @@ impl ControllerService {
             default_monitors: config.default_monitors.clone(),
             capacity_cluster: config.probe.clone(),
             locks: VolumeLocks::new(),
+            hooks: rbd_volume::Hooks::default(),
         }
+    }
+
+    /// The same controller calling `hooks` at the volume core's steps (crash-point tests).
+    #[must_use]
+    pub fn with_hooks(mut self, hooks: rbd_volume::Hooks) -> Self {
+        self.hooks = hooks;
+        self
     }
 
     async fn cluster(
@@ -102,6 +113,22 @@ pub(crate) fn ceph_status(e: ceph_rbd::Error) -> Status {
         E::InProgress { .. } => Status::aborted(message),
         E::InvalidArgument { .. } => Status::invalid_argument(message),
         E::Other { .. } => Status::internal(message),
+    }
+}
+
+/// Maps a volume core error to its CSI code: another volume's image is `ALREADY_EXISTS` for a
+/// create and `FAILED_PRECONDITION` for a delete; an existing image of another size is
+/// `ALREADY_EXISTS`.
+#[allow(clippy::needless_pass_by_value)]
+pub(crate) fn volume_status(e: rbd_volume::Error) -> Status {
+    use rbd_volume::Error as E;
+    match e {
+        E::Ceph(e) => ceph_status(e),
+        E::Foreign {
+            action: rbd_volume::Action::Delete,
+            ..
+        } => Status::failed_precondition(e.to_string()),
+        E::Foreign { .. } | E::SizeMismatch { .. } => Status::already_exists(e.to_string()),
     }
 }
 

@@ -1,13 +1,13 @@
 //! The controller calls' logic.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 use ceph_rbd::{CreateOptions, Features};
+use rbd_volume::{Claimant, Fit, NewImage, Owner};
 use tonic::Status;
 
 use super::params::{create_params, credentials};
-use super::{ControllerService, META_CLAIM, META_PROVISIONER, META_PV, ceph_status};
+use super::{ControllerService, ceph_status, volume_status};
 use crate::node::request::access;
 use crate::proto::csi;
 use crate::status::require;
@@ -58,48 +58,33 @@ pub(super) async fn create(
         .map_err(|e| Status::invalid_argument(format!("parameters.imageFeatures: {e}")))?;
     let _guard = ctl.locks.lock_or_abort(name)?;
     let cluster = ctl.cluster(&params.monitors, &user, &key).await?;
-    let pool = params.pool.as_str();
-
-    let existing = match cluster.image_info(pool, &image).await {
-        Ok(info) => Some(info.size),
-        Err(e) if e.is_not_found() => None,
-        Err(e) => return Err(ceph_status(e)),
+    let options = CreateOptions {
+        features,
+        data_pool: params.data_pool.clone(),
+        ..CreateOptions::default()
     };
-    let capacity = if let Some(existing_size) = existing {
-        check_owner(&cluster, pool, &image, name).await?;
-        if !volume::size_compatible(existing_size, required, limit) {
-            return Err(Status::already_exists(format!(
-                "volume {name} exists with {existing_size} bytes, incompatible with \
-                 required_bytes={required} limit_bytes={limit}"
-            )));
-        }
-        tracing::info!(name, pool, image = %image, "volume already exists");
-        existing_size
-    } else {
-        let opts = CreateOptions {
-            features,
-            data_pool: params.data_pool.clone(),
-            ..CreateOptions::default()
-        };
-        match cluster.create_image(pool, &image, size, &opts).await {
-            Ok(()) => {}
-            // Lost a race with another creator of the same name: ownership decides below.
-            Err(e) if e.is_already_exists() => check_owner(&cluster, pool, &image, name).await?,
-            Err(e) => return Err(ceph_status(e)),
-        }
-        tracing::info!(name, pool, image = %image, size, "volume created");
-        size
+    let owner = Owner {
+        pv: name.to_owned(),
+        claim: params.claim.clone().unwrap_or_default(),
+        provisioner: ctl.driver_name.clone(),
     };
-    // one open for the whole record, the PV key last (a record cut short reads as none)
-    let mut owner = vec![(META_PROVISIONER.to_owned(), ctl.driver_name.clone())];
-    if let Some(claim) = &params.claim {
-        owner.push((META_CLAIM.to_owned(), claim.clone()));
-    }
-    owner.push((META_PV.to_owned(), name.to_owned()));
-    cluster
-        .metadata_set_many(pool, &image, owner, None)
+    // required/limit are non-negative here: size_for_range checked them
+    let fit = Fit::Within {
+        required: u64::try_from(required).unwrap_or(0),
+        limit: u64::try_from(limit).unwrap_or(0),
+    };
+    let new = NewImage {
+        pool: &params.pool,
+        image: &image,
+        size,
+        options: &options,
+        owner: &owner,
+        fit,
+    };
+    let ensured = rbd_volume::ensure(&cluster, &new, &ctl.hooks)
         .await
-        .map_err(ceph_status)?;
+        .map_err(volume_status)?;
+    let capacity = ensured.size;
 
     let mut volume_context = HashMap::from([
         (context::MONITORS.to_owned(), params.monitors.clone()),
@@ -123,26 +108,6 @@ pub(super) async fn create(
     })
 }
 
-/// `ALREADY_EXISTS` unless the image is unowned (a crash between create and the metadata write:
-/// ours to finish) or owned by `name`.
-async fn check_owner(
-    cluster: &ceph_rbd::Cluster,
-    pool: &str,
-    image: &str,
-    name: &str,
-) -> Result<(), Status> {
-    match cluster
-        .metadata_get(pool, image, META_PV)
-        .await
-        .map_err(ceph_status)?
-    {
-        Some(owner) if owner != name => Err(Status::already_exists(format!(
-            "image {pool}/{image} exists and belongs to {owner:?}, not {name:?}"
-        ))),
-        _ => Ok(()),
-    }
-}
-
 pub(super) async fn delete(
     ctl: &ControllerService,
     req: csi::DeleteVolumeRequest,
@@ -159,28 +124,13 @@ pub(super) async fn delete(
     let (user, key) = credentials(&req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(volume_id)?;
     let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
-    // EBUSY with no watcher left is the tail of a client that just closed the image (its watch
-    // is still being torn down): retry briefly. Real watchers (a mapped volume) fail at once.
-    let mut delay = Duration::from_millis(100);
-    let deadline = Instant::now() + BUSY_RETRY_FOR;
-    loop {
-        match cluster.remove_image(&id.pool, &id.image).await {
-            Ok(()) => {
-                tracing::info!(volume_id, "volume deleted");
-                return Ok(());
-            }
-            Err(e) if e.is_not_found() => return Ok(()),
-            Err(ceph_rbd::Error::Busy { .. }) if Instant::now() + delay < deadline => {
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            Err(e) => return Err(ceph_status(e)),
-        }
-    }
+    // The ID names only the image: its owner record must name a volume this is the image of.
+    rbd_volume::delete(&cluster, &id.pool, &id.image, &Claimant::Image, &ctl.hooks)
+        .await
+        .map_err(volume_status)?;
+    tracing::info!(volume_id, "volume deleted");
+    Ok(())
 }
-
-/// How long `DeleteVolume` retries an EBUSY without watchers.
-const BUSY_RETRY_FOR: Duration = Duration::from_secs(3);
 
 pub(super) async fn expand(
     ctl: &ControllerService,
@@ -202,21 +152,18 @@ pub(super) async fn expand(
         .map_err(Status::out_of_range)?;
     let _guard = ctl.locks.lock_or_abort(volume_id)?;
     let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
-    let current = cluster
-        .image_info(&id.pool, &id.image)
+    let grown = rbd_volume::grow(&cluster, &id.pool, &id.image, new_size, &ctl.hooks)
         .await
-        .map_err(ceph_status)?
-        .size;
-    let capacity = if current >= new_size {
-        current
-    } else {
-        cluster
-            .resize_image(&id.pool, &id.image, new_size, false)
-            .await
-            .map_err(ceph_status)?;
-        tracing::info!(volume_id, from = current, to = new_size, "volume expanded");
-        new_size
-    };
+        .map_err(volume_status)?;
+    if grown.size > grown.from {
+        tracing::info!(
+            volume_id,
+            from = grown.from,
+            to = grown.size,
+            "volume expanded"
+        );
+    }
+    let capacity = grown.size;
     let block = req.volume_capability.as_ref().is_some_and(|c| {
         matches!(
             c.access_type,

@@ -1,0 +1,36 @@
+//! The volume core: RBD volumes as this product understands them, shared by both front doors
+//! (the built-in provisioner's backend in `rbd-provisioner` and the CSI controller in `rbd-csi`).
+//!
+//! ```text
+//! rbd-provisioner (Kubernetes: claims, PVs)      rbd-csi (CSI: CreateVolume, DeleteVolume, ...)
+//!                 '---------------.   .-----------------'
+//!                            rbd-volume (this crate)
+//!                                    |
+//!                            ceph-rbd (librados/librbd)
+//! ```
+//!
+//! - [`naming`]: deterministic image names (the provisioner's `<prefix><claim uid>`, CSI request
+//!   names), so a retried create finds the image it made;
+//! - [`id`]: volume IDs `v1/<monitors>/<pool>/<image>` that locate an image without a journal;
+//! - [`owner`]: the owner record kept in image metadata (`provisioner.ceph.com/{pv,claim,provisioner}`);
+//! - [`lifecycle`]: create (and repair a half-created image), grow, delete with the owner and
+//!   watcher checks, with crash-point [`Hooks`] the binary passes in;
+//! - [`size`]: size limits in bytes.
+//!
+//! Pure decisions are plain functions with unit tests; the I/O is the `ceph_rbd::Cluster` calls
+//! in [`lifecycle`]. Nothing here knows Kubernetes or gRPC: each front door maps [`Error`] to its
+//! own error kinds.
+
+pub mod id;
+pub mod lifecycle;
+pub mod naming;
+pub mod owner;
+pub mod size;
+
+pub use id::{MAX_VOLUME_ID_LEN, VolumeId};
+pub use lifecycle::{
+    Action, Claimant, Deleted, Ensured, Error, Fit, Grown, Hooks, NewImage, Outcome, Step, delete,
+    ensure, grow,
+};
+pub use naming::{DEFAULT_PREFIX, Naming, hex, is_safe_image_name, request_image_name};
+pub use owner::{META_CLAIM, META_PROVISIONER, META_PV, Owner, Ownership, ownership};
