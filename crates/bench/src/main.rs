@@ -3,8 +3,10 @@
 //! Starts a private micro-ceph cluster, then per run a fresh `kube-emulator` process and the real
 //! `rbd-provisioner` binary (leader election on), creates N PVCs at once, measures until all are
 //! Bound and until all are deleted again (PV gone, image gone), and samples the provisioner's
-//! peak RSS and CPU from `/proc`. Runs our default settings and the incumbent's settings
-//! (4 workers, API qps 5 / burst 10, retries 15 s .. 1000 s) applied to the same binary.
+//! peak RSS and CPU from `/proc`. Runs two profiles of the same binary: `ours` (its default
+//! settings) and `old-settings` (the old `ceph.com/rbd` provisioner's client settings: 4
+//! workers, API qps 5 / burst 10, retries 15 s .. 1000 s). `old-settings` is our binary
+//! throttled like the old provisioner, not the old provisioner itself.
 //!
 //! `cargo run --release -p rbd-bench -- --claims 100,1000,5000 [--profile both] [--out FILE]`
 
@@ -25,10 +27,20 @@ use crate::cluster::Env;
 use crate::report::RunResult;
 use crate::run::Plan;
 
+/// Label of the profile running our binary with the old provisioner's client settings.
+pub const OLD_SETTINGS: &str = "old-settings";
+/// Label of the profile running our binary with its default settings.
+pub const OURS: &str = "ours";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Profile {
-    Incumbent,
+    /// Our binary with the old provisioner's client settings (`incumbent` is a deprecated
+    /// alias).
+    #[value(name = "old-settings", alias = "incumbent")]
+    OldSettings,
+    /// Our binary with its default settings.
     Ours,
+    /// Both.
     Both,
 }
 
@@ -56,12 +68,14 @@ struct Args {
     /// Time limit per phase (bind, delete) for our settings, seconds.
     #[arg(long, default_value_t = 300)]
     time_limit: u64,
-    /// Time limit per phase for the incumbent's settings, seconds (their runs are capped).
-    #[arg(long, default_value_t = 120)]
-    incumbent_time_limit: u64,
-    /// Largest N run with the incumbent's settings (larger N are skipped).
-    #[arg(long, default_value_t = 1000)]
-    incumbent_max_claims: usize,
+    /// Time limit per phase for the old-settings profile, seconds (its runs are capped).
+    /// `--incumbent-time-limit` is a deprecated alias.
+    #[arg(long, alias = "incumbent-time-limit", default_value_t = 120)]
+    old_settings_time_limit: u64,
+    /// Largest N run with the old-settings profile (larger N are skipped).
+    /// `--incumbent-max-claims` is a deprecated alias.
+    #[arg(long, alias = "incumbent-max-claims", default_value_t = 1000)]
+    old_settings_max_claims: usize,
     /// Idle window after the burst for the idle-CPU figure, seconds.
     #[arg(long, default_value_t = 5)]
     idle_secs: u64,
@@ -84,8 +98,9 @@ struct Args {
     ceph_bench: bool,
 }
 
-/// The incumbent's (`ceph.com/rbd` external provisioner) defaults, applied to our binary.
-const INCUMBENT_ARGS: &[&str] = &[
+/// The old `ceph.com/rbd` external provisioner's client settings (its client-go defaults),
+/// given to our binary for the old-settings profile.
+const OLD_SETTINGS_ARGS: &[&str] = &[
     "--workers",
     "4",
     "--kube-api-qps",
@@ -100,7 +115,11 @@ const INCUMBENT_ARGS: &[&str] = &[
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let args = Args::parse();
+    let argv: Vec<String> = std::env::args().collect();
+    for note in deprecation_notes(&argv) {
+        eprintln!("rbd-bench: {note}");
+    }
+    let args = Args::parse_from(&argv);
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {
@@ -145,19 +164,19 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         tokio::task::block_in_place(micro_ceph::MicroCeph::start).context("starting micro-ceph")?;
 
     let mut plans = Vec::new();
-    if args.profile != Profile::Incumbent {
+    if args.profile != Profile::OldSettings {
         for &n in &args.claims {
-            plans.push(("ours", n, args.time_limit));
+            plans.push((OURS, n, args.time_limit));
         }
     }
     if args.profile != Profile::Ours {
         for &n in &args.claims {
-            if n <= args.incumbent_max_claims {
-                plans.push(("incumbent", n, args.incumbent_time_limit));
+            if n <= args.old_settings_max_claims {
+                plans.push((OLD_SETTINGS, n, args.old_settings_time_limit));
             } else {
                 eprintln!(
-                    "skipping incumbent settings at N={n} (> --incumbent-max-claims {})",
-                    args.incumbent_max_claims
+                    "skipping the {OLD_SETTINGS} profile at N={n} (> --old-settings-max-claims {})",
+                    args.old_settings_max_claims
                 );
             }
         }
@@ -166,8 +185,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut runs: Vec<RunResult> = Vec::new();
     let mut failures: Vec<serde_json::Value> = Vec::new();
     for (i, (profile, n, limit)) in plans.into_iter().enumerate() {
-        let extra: Vec<String> = if profile == "incumbent" {
-            INCUMBENT_ARGS.iter().map(|s| (*s).to_string()).collect()
+        let extra: Vec<String> = if profile == OLD_SETTINGS {
+            OLD_SETTINGS_ARGS.iter().map(|s| (*s).to_string()).collect()
         } else {
             Vec::new()
         };
@@ -218,7 +237,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 
     println!("\n{}", report::table(&runs));
     for (n, r) in &ratios {
-        println!("bind throughput ours / incumbent settings at N={n}: {r:.1}x");
+        println!("bind throughput {OURS} / {OLD_SETTINGS} at N={n}: {r:.1}x");
     }
     for r in runs.iter().filter(|r| !r.complete) {
         println!(
@@ -254,7 +273,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "size": args.size,
         "concurrency": args.concurrency,
-        "incumbent_args": INCUMBENT_ARGS,
+        "old_settings_args": OLD_SETTINGS_ARGS,
         "provisioner_extra_args": args.provisioner_args,
         "provisioner_env": args.provisioner_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
         "runs": runs,
@@ -290,6 +309,32 @@ impl WorkDir {
     fn remove(self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Warnings for deprecated spellings on the command line (they still work).
+fn deprecation_notes(argv: &[String]) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (i, arg) in argv.iter().enumerate().skip(1) {
+        for (old, new) in [
+            ("--incumbent-time-limit", "--old-settings-time-limit"),
+            ("--incumbent-max-claims", "--old-settings-max-claims"),
+        ] {
+            if arg == old || arg.starts_with(&format!("{old}=")) {
+                notes.push(format!("{old} is deprecated, use {new}"));
+            }
+        }
+        let profile = arg.strip_prefix("--profile=").or_else(|| {
+            (arg == "--profile")
+                .then(|| argv.get(i + 1).map(String::as_str))
+                .flatten()
+        });
+        if profile == Some("incumbent") {
+            notes.push(format!(
+                "--profile incumbent is deprecated, use --profile {OLD_SETTINGS} (our binary with the old provisioner's client settings)"
+            ));
+        }
+    }
+    notes
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -331,4 +376,46 @@ fn machine() -> serde_json::Value {
         "os": os,
         "kernel": read("/proc/sys/kernel/osrelease").trim(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(args: &[&str]) -> Vec<String> {
+        std::iter::once("rbd-bench")
+            .chain(args.iter().copied())
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn old_flag_and_profile_names_still_parse_with_a_deprecation_note() {
+        let old = argv(&[
+            "--profile",
+            "incumbent",
+            "--incumbent-time-limit=60",
+            "--incumbent-max-claims",
+            "500",
+        ]);
+        let args = Args::try_parse_from(&old).expect("deprecated spellings parse");
+        assert_eq!(args.profile, Profile::OldSettings);
+        assert_eq!(args.old_settings_time_limit, 60);
+        assert_eq!(args.old_settings_max_claims, 500);
+        let notes = deprecation_notes(&old);
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(notes.iter().all(|n| n.contains("deprecated")));
+
+        let new = argv(&[
+            "--profile=old-settings",
+            "--old-settings-time-limit",
+            "60",
+            "--old-settings-max-claims=500",
+        ]);
+        let args = Args::try_parse_from(&new).expect("new spellings parse");
+        assert_eq!(args.profile, Profile::OldSettings);
+        assert_eq!(args.old_settings_time_limit, 60);
+        assert_eq!(args.old_settings_max_claims, 500);
+        assert!(deprecation_notes(&new).is_empty());
+    }
 }

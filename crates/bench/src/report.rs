@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::{OLD_SETTINGS, OURS};
+
 /// p50/p95/p99/max of per-claim latencies, seconds (nearest rank).
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Percentiles {
@@ -136,7 +138,7 @@ fn check_max(target: &str, measured: f64, limit: f64, unit: &str) -> Check {
 
 /// The targets against the runs that exist.
 pub fn checks(runs: &[RunResult], ratios: &[(usize, f64)]) -> Vec<Check> {
-    let ours = |n: usize| runs.iter().find(|r| r.profile == "ours" && r.claims == n);
+    let ours = |n: usize| runs.iter().find(|r| r.profile == OURS && r.claims == n);
     let mut out = Vec::new();
     if let Some(r) = ours(1000) {
         let bind = if r.bound == r.claims {
@@ -160,7 +162,7 @@ pub fn checks(runs: &[RunResult], ratios: &[(usize, f64)]) -> Vec<Check> {
     }
     let biggest = runs
         .iter()
-        .filter(|r| r.profile == "ours")
+        .filter(|r| r.profile == OURS)
         .max_by_key(|r| r.claims);
     if let Some(r) = biggest {
         out.push(check_max(
@@ -188,7 +190,9 @@ pub fn checks(runs: &[RunResult], ratios: &[(usize, f64)]) -> Vec<Check> {
     for (n, ratio) in ratios {
         let met = *ratio >= 10.0;
         out.push(Check {
-            target: format!("throughput >= 10x incumbent settings (N={n})"),
+            target: format!(
+                "bind throughput >= 10x our binary with the old provisioner's client settings (N={n})"
+            ),
             measured: format!("{ratio:.1}x"),
             met,
             gap: (!met).then(|| format!("{:.1}x short", 10.0 - ratio)),
@@ -197,14 +201,14 @@ pub fn checks(runs: &[RunResult], ratios: &[(usize, f64)]) -> Vec<Check> {
     out
 }
 
-/// Bind throughput ratio ours / incumbent for each N both profiles ran.
+/// Bind throughput ratio ours / old-settings for each N both profiles ran.
 pub fn ratios(runs: &[RunResult]) -> Vec<(usize, f64)> {
     runs.iter()
-        .filter(|r| r.profile == "ours")
+        .filter(|r| r.profile == OURS)
         .filter_map(|o| {
             let i = runs
                 .iter()
-                .find(|r| r.profile == "incumbent" && r.claims == o.claims)?;
+                .find(|r| r.profile == OLD_SETTINGS && r.claims == o.claims)?;
             (i.bind_throughput > 0.0).then(|| (o.claims, o.bind_throughput / i.bind_throughput))
         })
         .collect()
