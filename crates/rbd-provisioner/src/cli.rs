@@ -36,6 +36,9 @@ pub enum Command {
     Csi(crate::csi::CsiArgs),
     /// List (and with --delete, remove) images that carry our owner record but have no PV.
     Gc(crate::gc::GcArgs),
+    /// Replace PVs with an in-tree rbd source by PVs of our CSI driver (same name, image and
+    /// claim); crash-safe, resumable, never deletes an image. See docs/migration.md.
+    Migrate(crate::migrate::MigrateArgs),
 }
 
 #[derive(Args, Debug, Clone)]

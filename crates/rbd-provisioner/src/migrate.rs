@@ -1,0 +1,395 @@
+//! `rbd-provisioner migrate`: replaces PVs with an in-tree `spec.rbd` source (the old
+//! `ceph.com/rbd` provisioner's, or an admin's) by PVs of our CSI driver with the same name,
+//! the same image and the same `claimRef`, without touching the data. See docs/migration.md.
+//!
+//! Per PV, after the checks ([`plan`] and the I/O ones in [`apply`]):
+//!
+//! 1. the image gets our owner record (PV, claim, provisioner) if it has none;
+//! 2. the original PV is recorded in a ConfigMap `rbd-migrate-<pv>` (`--record-namespace`);
+//! 3. its reclaim policy is set to `Retain`;
+//! 4. it is deleted (precondition: its uid), then its `kubernetes.io/pv-protection` finalizer
+//!    (and our provisioner's) is removed: no pod uses the claim, and the image stays;
+//! 5. the CSI PV is created (policy `Retain`), then its policy restored from the record;
+//! 6. the claim is annotated (an update makes kube-controller-manager bind it again at once),
+//!    the record marked `done`, and the claim awaited `Bound`.
+//!
+//! Killed anywhere, the next run reads the PV and the record and goes on from there; a PV that
+//! is migrated is left alone. Nothing here removes an image.
+
+pub mod apply;
+pub mod plan;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use kube::Api;
+use kube::api::ListParams;
+use serde_json::{Value, json};
+
+use crate::cli::KubeArgs;
+
+#[derive(Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("selection").required(true).args(["all", "pv", "storage_class"])))]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Every PV with an in-tree rbd source (and every migration left unfinished).
+    #[arg(long)]
+    pub all: bool,
+    /// These PVs (repeatable).
+    #[arg(long, value_name = "NAME", num_args = 1..)]
+    pub pv: Vec<String>,
+    /// PVs of these StorageClasses (repeatable).
+    #[arg(long, value_name = "NAME", num_args = 1..)]
+    pub storage_class: Vec<String>,
+    /// Check and print the new PVs and every refusal; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Report format.
+    #[arg(long, short = 'o', value_enum, default_value = "table")]
+    pub output: Output,
+    /// CSI driver the new PVs name (its CSIDriver object must exist).
+    #[arg(long, default_value = rbd_csi::DEFAULT_DRIVER_NAME)]
+    pub csi_driver_name: String,
+    /// Provisioner name (the owner record's provisioner when the PV has no
+    /// rbdProvisionerIdentity annotation, unless --id is given).
+    #[arg(long, env = "PROVISIONER_NAME", default_value = "ceph.com/rbd")]
+    pub provisioner_name: String,
+    /// Provisioner identity for owner records of PVs without rbdProvisionerIdentity.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Namespace of the ConfigMaps recording each original PV.
+    #[arg(long, default_value = "kube-system")]
+    pub record_namespace: String,
+    /// Bound for each Ceph operation.
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
+    pub command_timeout: Duration,
+    /// How long to wait for the old PV object to go and for the claim to be Bound again.
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    pub wait: Duration,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// What happened to one PV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Migrated,
+    WouldMigrate,
+    AlreadyMigrated,
+    Refused,
+    Failed,
+}
+
+impl Outcome {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Migrated => "migrated",
+            Outcome::WouldMigrate => "would-migrate",
+            Outcome::AlreadyMigrated => "already-migrated",
+            Outcome::Refused => "refused",
+            Outcome::Failed => "failed",
+        }
+    }
+
+    /// Whether the run fails because of this PV.
+    #[must_use]
+    pub fn is_error(self) -> bool {
+        matches!(self, Outcome::Refused | Outcome::Failed)
+    }
+}
+
+/// One line of the report.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub pv: String,
+    /// `namespace/name`, or empty.
+    pub claim: String,
+    /// `pool/image`, or empty when unknown.
+    pub image: String,
+    pub outcome: Outcome,
+    pub detail: String,
+    /// The new PV (dry run: what would be created).
+    pub new_pv: Option<PersistentVolume>,
+}
+
+impl Row {
+    fn new(pv: &str, outcome: Outcome, detail: impl Into<String>) -> Row {
+        Row {
+            pv: pv.to_string(),
+            claim: String::new(),
+            image: String::new(),
+            outcome,
+            detail: detail.into(),
+            new_pv: None,
+        }
+    }
+}
+
+/// The name of the ConfigMap recording PV `pv`.
+#[must_use]
+pub fn record_name(pv: &str) -> String {
+    format!("rbd-migrate-{pv}")
+}
+
+/// The PV names a run works on: the ones named, or those with an rbd source (of the classes),
+/// plus unfinished migrations (from their records) for `--all` and `--storage-class`.
+#[must_use]
+pub fn select(
+    args_pv: &[String],
+    all: bool,
+    classes: &[String],
+    volumes: &[PersistentVolume],
+    unfinished: &[PersistentVolume],
+) -> Vec<String> {
+    if !args_pv.is_empty() {
+        let mut seen = BTreeSet::new();
+        return args_pv
+            .iter()
+            .filter(|n| seen.insert((*n).clone()))
+            .cloned()
+            .collect();
+    }
+    let wanted = |pv: &PersistentVolume| {
+        all || pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_ref())
+            .is_some_and(|c| classes.contains(c))
+    };
+    let legacy = volumes
+        .iter()
+        .filter(|pv| pv.spec.as_ref().is_some_and(|s| s.rbd.is_some()));
+    legacy
+        .chain(unfinished.iter())
+        .filter(|pv| wanted(pv))
+        .filter_map(|pv| pv.metadata.name.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// The report as a table (stdout), the dry run's new PVs first.
+#[must_use]
+pub fn render_table(rows: &[Row], dry_run: bool) -> String {
+    let mut out = String::new();
+    if dry_run {
+        for row in rows {
+            if let Some(pv) = &row.new_pv {
+                let text = serde_json::to_string_pretty(pv).unwrap_or_default();
+                out.push_str(&format!("# PV {} would become:\n{text}\n", row.pv));
+            }
+        }
+    }
+    let header = ["PV", "CLAIM", "IMAGE", "RESULT", "DETAIL"];
+    let cells: Vec<[String; 5]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.pv.clone(),
+                dash(&r.claim),
+                dash(&r.image),
+                r.outcome.as_str().to_string(),
+                r.detail.clone(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row.iter()).take(4) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cols: [&str; 5]| {
+        let mut l = String::new();
+        for (i, c) in cols.iter().enumerate() {
+            if i < 4 {
+                l.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            } else {
+                l.push_str(c);
+            }
+        }
+        l.trim_end().to_string() + "\n"
+    };
+    out.push_str(&line(header));
+    for row in &cells {
+        out.push_str(&line([&row[0], &row[1], &row[2], &row[3], &row[4]]));
+    }
+    if rows.is_empty() {
+        out.push_str("(no PV with an rbd source selected: nothing to do)\n");
+    }
+    out
+}
+
+fn dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.to_string()
+    }
+}
+
+/// The report as JSON.
+#[must_use]
+pub fn render_json(rows: &[Row], dry_run: bool) -> Value {
+    json!({
+        "dryRun": dry_run,
+        "volumes": rows.iter().map(|r| {
+            let mut v = json!({
+                "pv": r.pv,
+                "claim": r.claim,
+                "image": r.image,
+                "result": r.outcome.as_str(),
+                "detail": r.detail,
+            });
+            if let Some(pv) = &r.new_pv {
+                v["newPV"] = serde_json::to_value(pv).unwrap_or(Value::Null);
+            }
+            v
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// Runs the subcommand: prints the report, fails when any selected PV was refused or failed.
+pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
+    let client = crate::kube_client::client(&args.kube).await?;
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let all_volumes = volumes
+        .list(&ListParams::default())
+        .await
+        .context("listing PersistentVolumes")?
+        .items;
+    let records: Api<ConfigMap> = Api::namespaced(client.clone(), &args.record_namespace);
+    let unfinished: Vec<PersistentVolume> = if args.pv.is_empty() {
+        records
+            .list(&ListParams::default().labels(apply::RECORD_LABEL_SELECTOR))
+            .await
+            .with_context(|| format!("listing migration records in {}", args.record_namespace))?
+            .items
+            .iter()
+            .filter(|cm| apply::record_state(cm) != Some(apply::STATE_DONE))
+            .filter_map(apply::recorded_pv)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let names = select(
+        &args.pv,
+        args.all,
+        &args.storage_class,
+        &all_volumes,
+        &unfinished,
+    );
+    let drivers: Api<CSIDriver> = Api::all(client.clone());
+    let driver_present = drivers
+        .get_opt(&args.csi_driver_name)
+        .await
+        .context("reading CSIDriver objects")?
+        .is_some();
+    let ctx = apply::Context {
+        client,
+        driver: args.csi_driver_name.clone(),
+        identity: args.id.clone().unwrap_or(args.provisioner_name.clone()),
+        record_namespace: args.record_namespace.clone(),
+        dry_run: args.dry_run,
+        command_timeout: args.command_timeout,
+        wait: args.wait,
+        driver_present,
+        ceph: ceph_rbd::ConnectionPool::default(),
+    };
+    let mut rows = Vec::new();
+    for name in &names {
+        let row = apply::migrate_one(&ctx, name).await;
+        tracing::info!(
+            pv = %row.pv,
+            result = row.outcome.as_str(),
+            detail = %row.detail,
+            "migrate"
+        );
+        rows.push(row);
+    }
+    match args.output {
+        Output::Table => print!("{}", render_table(&rows, args.dry_run)),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&render_json(&rows, args.dry_run))?
+        ),
+    }
+    let bad = rows.iter().filter(|r| r.outcome.is_error()).count();
+    anyhow::ensure!(
+        bad == 0,
+        "{bad} of {} selected PV(s) were refused or failed (see the report)",
+        rows.len()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pv(name: &str, class: &str, rbd: bool) -> PersistentVolume {
+        let mut v = json!({"metadata": {"name": name}, "spec": {"storageClassName": class}});
+        if rbd {
+            v["spec"]["rbd"] = json!({"monitors": ["m:6789"], "image": "i"});
+        } else {
+            v["spec"]["csi"] = json!({"driver": "d", "volumeHandle": "h"});
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn selection_takes_rbd_pvs_of_the_classes_and_unfinished_ones() {
+        let volumes = [
+            pv("a", "old", true),
+            pv("b", "new", true),
+            pv("c", "old", false),
+        ];
+        let unfinished = [pv("d", "old", true), pv("a", "old", true)];
+        assert_eq!(
+            select(&[], true, &[], &volumes, &unfinished),
+            ["a", "b", "d"]
+        );
+        assert_eq!(
+            select(&[], false, &["old".into()], &volumes, &unfinished),
+            ["a", "d"]
+        );
+        assert_eq!(
+            select(
+                &["c".into(), "x".into(), "c".into()],
+                false,
+                &[],
+                &volumes,
+                &[]
+            ),
+            ["c", "x"]
+        );
+    }
+
+    #[test]
+    fn the_table_has_a_line_per_pv_and_errors_fail_the_run() {
+        let mut refused = Row::new("pvc-2", Outcome::Refused, "secret default/x not found");
+        refused.claim = "default/b".into();
+        let rows = [Row::new("pvc-1", Outcome::Migrated, "claim Bound"), refused];
+        let table = render_table(&rows, false);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        assert!(lines[0].starts_with("PV "));
+        assert!(lines[2].contains("default/b") && lines[2].contains("refused"));
+        assert!(lines[1].contains("  -  "), "{table}");
+        assert!(rows[1].outcome.is_error() && !rows[0].outcome.is_error());
+        let j = render_json(&rows, true);
+        assert_eq!(j["volumes"][1]["result"], "refused");
+        assert_eq!(j["dryRun"], true);
+        assert!(render_table(&[], false).contains("nothing to do"));
+    }
+}
