@@ -13,7 +13,7 @@ pub enum SecretError {
     #[error("secret {namespace}/{name} not found")]
     NotFound { namespace: String, name: String },
     #[error(
-        "secret {namespace}/{name} has no non-empty \"key\" (or \"userKey\"/\"adminKey\") entry"
+        "secret {namespace}/{name} has no non-empty \"key\" (or \"userKey\"/\"adminKey\") entry, and no other entry holds a Ceph key"
     )]
     NoKey { namespace: String, name: String },
     #[error(
@@ -70,7 +70,7 @@ pub enum Found {
     Key(ceph_rbd::Secret),
     /// No entry could be the key.
     None,
-    /// No entry of [`KEY_FIELDS`], and several others that could each be the key (names).
+    /// No entry of [`KEY_FIELDS`], and several others shaped like a cephx key (names).
     Ambiguous(Vec<String>),
 }
 
@@ -85,10 +85,10 @@ fn looks_like_cephx_key(value: &str) -> bool {
 }
 
 /// The key in a secret's `data` (or `stringData`): the first of [`KEY_FIELDS`] that is
-/// non-empty; else, as the old provisioner took any value, the only non-empty entry whatever its
-/// name (e.g. `kubectl create secret generic --from-file=ceph.client.admin.key`), or among
-/// several the only one shaped like a cephx key. Several candidates are [`Found::Ambiguous`]
-/// (the old provisioner took a random one).
+/// non-empty; else, as the old provisioner took any entry, the one entry shaped like a cephx key
+/// whatever its name (e.g. `kubectl create secret generic --from-file=ceph.client.admin.key`).
+/// Several such entries are [`Found::Ambiguous`] (the old provisioner took a random one); a
+/// value that is no key (a password, a user name) is never sent to Ceph as one.
 pub fn key_from(secret: &Secret) -> Found {
     let mut entries: Vec<(String, String)> = Vec::new();
     for (k, v) in secret.data.iter().flatten() {
@@ -105,18 +105,13 @@ pub fn key_from(secret: &Secret) -> Found {
             return Found::Key(ceph_rbd::Secret::new(v.clone()));
         }
     }
-    let candidates: Vec<&(String, String)> = if entries.len() == 1 {
-        entries.iter().collect()
-    } else {
-        entries
-            .iter()
-            .filter(|(_, v)| looks_like_cephx_key(v))
-            .collect()
-    };
+    let candidates: Vec<&(String, String)> = entries
+        .iter()
+        .filter(|(_, v)| looks_like_cephx_key(v))
+        .collect();
     match candidates.as_slice() {
         [(_, v)] => Found::Key(ceph_rbd::Secret::new(v.clone())),
-        [] if entries.is_empty() => Found::None,
-        [] => Found::Ambiguous(entries.iter().map(|(k, _)| k.clone()).collect()),
+        [] => Found::None,
         many => Found::Ambiguous(many.iter().map(|(k, _)| k.clone()).collect()),
     }
 }
@@ -177,10 +172,12 @@ mod tests {
             Found::Ambiguous(names) => assert_eq!(names, ["a", "b"]),
             _ => panic!("two cephx-shaped entries must be ambiguous"),
         }
-        match key_from(&secret(&[("a", "x"), ("b", "y")])) {
-            Found::Ambiguous(names) => assert_eq!(names, ["a", "b"]),
-            _ => panic!("two non-key entries must be ambiguous"),
-        }
+        // a lone value that is no key is not taken for one
+        assert!(matches!(key_from(&secret(&[("password", "x")])), Found::None));
+        assert!(matches!(
+            key_from(&secret(&[("a", "x"), ("b", "y")])),
+            Found::None
+        ));
     }
 
     #[test]
