@@ -188,7 +188,7 @@ mod tests {
         };
         assert_eq!(
             e.to_string(),
-            "secret kube-system/ceph-admin has no non-empty \"key\" (or \"userKey\"/\"adminKey\") entry"
+            "secret kube-system/ceph-admin has no non-empty \"key\" (or \"userKey\"/\"adminKey\") entry, and no other entry holds a Ceph key"
         );
     }
 }
