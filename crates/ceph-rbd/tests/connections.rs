@@ -109,14 +109,19 @@ async fn idle_connections_are_closed() {
     let pool = ConnectionPool::new(PoolOptions {
         idle_timeout: Duration::from_millis(100),
     });
-    let first = pool.get(&config()).await.unwrap();
-    let first_ptr = Arc::as_ptr(&first);
-    drop(first);
+    let connection = pool.get(&config()).await.unwrap();
+    // a weak reference keeps the allocation (so a new connection cannot reuse its address)
+    // without keeping the connection open
+    let first = Arc::downgrade(&connection);
+    drop(connection);
     tokio::time::sleep(Duration::from_millis(150)).await; // let the idle period pass (that is the behaviour)
     let second = pool.get(&config()).await.unwrap();
-    assert_ne!(
-        Arc::as_ptr(&second),
-        first_ptr,
+    assert!(
+        first.upgrade().is_none(),
+        "an idle connection was kept open"
+    );
+    assert!(
+        !std::ptr::eq(Arc::as_ptr(&second), first.as_ptr()),
         "an idle connection was reused"
     );
     assert_eq!(pool.len(), 1);
