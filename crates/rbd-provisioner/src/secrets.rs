@@ -173,7 +173,10 @@ mod tests {
             _ => panic!("two cephx-shaped entries must be ambiguous"),
         }
         // a lone value that is no key is not taken for one
-        assert!(matches!(key_from(&secret(&[("password", "x")])), Found::None));
+        assert!(matches!(
+            key_from(&secret(&[("password", "x")])),
+            Found::None
+        ));
         assert!(matches!(
             key_from(&secret(&[("a", "x"), ("b", "y")])),
             Found::None
