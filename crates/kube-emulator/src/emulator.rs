@@ -92,6 +92,7 @@ pub struct EmulatorBuilder {
     watch_history: usize,
     resync_period: Duration,
     record_requests: bool,
+    controller_limit: Option<controller::ClientLimit>,
 }
 
 impl Default for EmulatorBuilder {
@@ -101,6 +102,7 @@ impl Default for EmulatorBuilder {
             watch_history: DEFAULT_WATCH_HISTORY,
             resync_period: Duration::from_secs(15),
             record_requests: false,
+            controller_limit: None,
         }
     }
 }
@@ -133,6 +135,24 @@ impl EmulatorBuilder {
         self
     }
 
+    /// kube-controller-manager's default `--kube-api-qps` (per controller client).
+    pub const KCM_CLIENT_QPS: f64 = controller::limiter::KCM_CLIENT_QPS;
+    /// kube-controller-manager's default `--kube-api-burst` (per controller client).
+    pub const KCM_CLIENT_BURST: u32 = controller::limiter::KCM_CLIENT_BURST;
+
+    /// Rate-limits the PV controller slice's API writes as kube-controller-manager's clients are
+    /// limited: client-go's token bucket (`qps` tokens per second, up to `burst` stored, starting
+    /// full), one bucket per controller (PV binder, pvc-protection, pv-protection, expand), one
+    /// token per write or event. [`Self::KCM_CLIENT_QPS`] and [`Self::KCM_CLIENT_BURST`] are
+    /// kube-controller-manager's defaults
+    /// (`--kube-api-qps 20 --kube-api-burst 30`), which make binding a burst of claims take about
+    /// 5 writes / 20 per second = 0.25 s per claim, as on a real cluster. Default: no limit (tests
+    /// stay fast). A `qps` that is not positive turns the limit off.
+    pub fn controller_client_limit(mut self, qps: f64, burst: u32) -> Self {
+        self.controller_limit = (qps > 0.0).then_some(controller::ClientLimit { qps, burst });
+        self
+    }
+
     /// Builds the emulator. Must be called inside a tokio runtime when the controller is on.
     pub fn build(self) -> Emulator {
         let store = Arc::new(Store::new(self.watch_history, WATCH_QUEUE));
@@ -141,7 +161,13 @@ impl EmulatorBuilder {
         }
         let controller = self.pv_controller.then(|| {
             let rx = store.subscribe();
-            tokio::spawn(controller::run(store.clone(), rx, self.resync_period)).abort_handle()
+            tokio::spawn(controller::run(
+                store.clone(),
+                rx,
+                self.resync_period,
+                self.controller_limit,
+            ))
+            .abort_handle()
         });
         let shared = Arc::new(Shared {
             faults: Faults::new(store.clone()),

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use kube_emulator::{DEFAULT_WATCH_HISTORY, Emulator};
+use kube_emulator::{DEFAULT_WATCH_HISTORY, Emulator, EmulatorBuilder};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -25,6 +25,17 @@ struct Args {
     /// Watch events kept per resource for resuming watches.
     #[arg(long, default_value_t = DEFAULT_WATCH_HISTORY)]
     watch_history: usize,
+    /// Rate-limit the PV controller slice's writes like kube-controller-manager's API clients
+    /// (token bucket per controller): requests per second. Without it: unthrottled.
+    #[arg(long, value_name = "QPS")]
+    controller_qps: Option<f64>,
+    /// Token bucket size for --controller-qps.
+    #[arg(long, value_name = "N", default_value_t = EmulatorBuilder::KCM_CLIENT_BURST, requires = "controller_qps")]
+    controller_burst: u32,
+    /// Shorthand for kube-controller-manager's default client limit:
+    /// --controller-qps 20 --controller-burst 30.
+    #[arg(long, conflicts_with = "controller_qps")]
+    default_control_plane: bool,
 }
 
 #[tokio::main]
@@ -37,10 +48,18 @@ async fn main() -> std::io::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let emu = Emulator::builder()
+    let mut builder = Emulator::builder()
         .pv_controller(!args.no_pv_controller)
-        .watch_history(args.watch_history)
-        .build();
+        .watch_history(args.watch_history);
+    if args.default_control_plane {
+        builder = builder.controller_client_limit(
+            EmulatorBuilder::KCM_CLIENT_QPS,
+            EmulatorBuilder::KCM_CLIENT_BURST,
+        );
+    } else if let Some(qps) = args.controller_qps {
+        builder = builder.controller_client_limit(qps, args.controller_burst);
+    }
+    let emu = builder.build();
     let server = emu.serve(args.listen).await?;
     if let Some(path) = &args.kubeconfig_out {
         // Write to a temporary name and rename, so readers never see a partial file.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{Controller, PVCS, PVS};
+use super::{Client, Controller, PVCS, PVS};
 use crate::admission::PVC_PROTECTION;
 use crate::util::{self, annotation, finalizers, is_terminating, now_time, set_annotation, str_at};
 use kube_quantity::Quantity;
@@ -48,22 +48,27 @@ fn prebound_to(pv: &Value, claim: &Value) -> bool {
 }
 
 impl Controller {
-    pub(super) fn sync_claim(&mut self, ns: &str, name: &str) {
+    pub(super) async fn sync_claim(&mut self, ns: &str, name: &str) {
         let Some(claim) = self.store.get(PVCS, ns, name) else {
             return;
         };
         if is_terminating(&claim) {
-            self.release_claim_protection(&claim);
+            self.release_claim_protection(&claim).await;
             return;
         }
         let claim = if finalizers(&claim).iter().any(|f| f == PVC_PROTECTION) {
             claim
         } else {
-            match self.modify(PVCS, ns, name, |c| {
-                let mut f = finalizers(c);
-                f.push(PVC_PROTECTION.to_string());
-                util::set_finalizers(c, f);
-            }) {
+            match self
+                .modify(Client::PvcProtection, PVCS, ns, name, |c| {
+                    let mut f = finalizers(c);
+                    if !f.iter().any(|f| f == PVC_PROTECTION) {
+                        f.push(PVC_PROTECTION.to_string());
+                    }
+                    util::set_finalizers(c, f);
+                })
+                .await
+            {
                 Some(c) => c,
                 None => return,
             }
@@ -72,40 +77,44 @@ impl Controller {
         // `bind-completed`) takes the bound path whatever its phase, so a `Lost` claim whose
         // volume is back (same name, claimRef with its uid) becomes `Bound` again.
         if annotation(&claim, ANN_BIND_COMPLETED).is_some() {
-            self.sync_bound_claim(&claim);
+            self.sync_bound_claim(&claim).await;
         } else {
-            self.sync_unbound_claim(&claim);
+            self.sync_unbound_claim(&claim).await;
         }
     }
 
     /// The claim `Lost` (as updateClaimStatusWithEvent with no volume: access modes and
     /// capacity cleared), with a Warning.
-    fn lose_claim(&mut self, claim: &Value, reason: &str, message: &str) {
+    async fn lose_claim(&mut self, claim: &Value, reason: &str, message: &str) {
         let ns = util::ns_of(claim).to_string();
         let name = util::name_of(claim).to_string();
         if str_at(claim, "/status/phase") == Some("Lost") {
             return;
         }
-        if let Some(lost) = self.modify(PVCS, &ns, &name, |c| {
-            c["status"]["phase"] = json!("Lost");
-            if let Some(status) = c["status"].as_object_mut() {
-                status.remove("accessModes");
-                status.remove("capacity");
-            }
-        }) {
-            self.recorder.emit(
-                &self.store,
+        if let Some(lost) = self
+            .modify(Client::Binder, PVCS, &ns, &name, |c| {
+                c["status"]["phase"] = json!("Lost");
+                if let Some(status) = c["status"].as_object_mut() {
+                    status.remove("accessModes");
+                    status.remove("capacity");
+                }
+            })
+            .await
+        {
+            self.emit(
+                Client::Binder,
                 &lost,
                 "Warning",
                 reason,
                 message,
                 PV_CONTROLLER,
-            );
+            )
+            .await;
         }
     }
 
     /// pvc-protection: drop the finalizer once no running pod uses the claim.
-    fn release_claim_protection(&mut self, claim: &Value) {
+    async fn release_claim_protection(&mut self, claim: &Value) {
         if !finalizers(claim).iter().any(|f| f == PVC_PROTECTION) {
             return;
         }
@@ -119,27 +128,29 @@ impl Controller {
         if in_use {
             return;
         }
-        self.modify(PVCS, ns, name, |c| {
+        self.modify(Client::PvcProtection, PVCS, ns, name, |c| {
             let rest: Vec<String> = finalizers(c)
                 .into_iter()
                 .filter(|f| f != PVC_PROTECTION)
                 .collect();
             util::set_finalizers(c, rest);
-        });
+        })
+        .await;
     }
 
     /// kube-controller-manager's syncBoundClaim: no volume name or no such volume -> `Lost`
     /// (`ClaimLost`); a volume whose claimRef is empty or carries this claim's uid -> bind again
     /// (nothing is written when all is set; a `Lost` claim becomes `Bound`); a volume of another
     /// claim -> `Lost` (`ClaimMisbound`).
-    fn sync_bound_claim(&mut self, claim: &Arc<Value>) {
+    async fn sync_bound_claim(&mut self, claim: &Arc<Value>) {
         let volume = str_at(claim, "/spec/volumeName").unwrap_or_default();
         if volume.is_empty() {
             self.lose_claim(
                 claim,
                 "ClaimLost",
                 "Bound claim has lost reference to PersistentVolume. Data on the volume is lost!",
-            );
+            )
+            .await;
             return;
         }
         let Some(pv) = self.store.get(PVS, "", volume) else {
@@ -147,7 +158,8 @@ impl Controller {
                 claim,
                 "ClaimLost",
                 "Bound claim has lost its PersistentVolume. Data on the volume is lost!",
-            );
+            )
+            .await;
             return;
         };
         let ref_uid = crate::util::at(&pv, "/spec/claimRef")
@@ -159,15 +171,16 @@ impl Controller {
                     claim,
                     "ClaimMisbound",
                     "Two claims are bound to the same volume, this one is bound incorrectly",
-                );
+                )
+                .await;
                 return;
             }
             None => {
-                self.bind(claim, &pv, false);
+                self.bind(claim, &pv, false).await;
                 return;
             }
             _ if str_at(claim, "/status/phase") != Some("Bound") => {
-                self.bind(claim, &pv, false);
+                self.bind(claim, &pv, false).await;
                 return;
             }
             _ => {}
@@ -184,19 +197,20 @@ impl Controller {
                 .unwrap_or_default()
                 .to_string();
             if self.expanding_reported.insert((uid, size)) {
-                self.recorder.emit(
-                    &self.store,
+                self.emit(
+                    Client::Expand,
                     claim,
                     "Normal",
                     "ExternalExpanding",
                     "waiting for an external controller to expand this PVC",
                     "volume_expand",
-                );
+                )
+                .await;
             }
         }
     }
 
-    fn sync_unbound_claim(&mut self, claim: &Arc<Value>) {
+    async fn sync_unbound_claim(&mut self, claim: &Arc<Value>) {
         let volume_name = str_at(claim, "/spec/volumeName")
             .unwrap_or_default()
             .to_string();
@@ -208,18 +222,23 @@ impl Controller {
                     && !is_terminating(pv)
                     && storage_request(pv, "/spec/capacity/storage").is_some_and(|c| c >= requested)
             };
-            // Provisioners name the volume `pvc-<claim uid>`: look there before scanning.
+            // Provisioners name the volume `pvc-<claim uid>`: look there before the index.
             let uid = util::meta_str(claim, "uid").unwrap_or_default();
             let prebound = match self.store.get(PVS, "", &format!("pvc-{uid}")).filter(fits) {
                 Some(pv) => Some(pv),
-                None => self.store.list(PVS, None).0.into_iter().find(fits),
+                None => self
+                    .index
+                    .volumes_of_claim(util::ns_of(claim), util::name_of(claim))
+                    .iter()
+                    .filter_map(|n| self.store.get(PVS, "", n))
+                    .find(fits),
             };
             if let Some(pv) = prebound {
-                self.bind(claim, &pv, true);
+                self.bind(claim, &pv, true).await;
             } else if let Some(pv) = self.static_match(claim) {
-                self.bind(claim, &pv, true);
+                self.bind(claim, &pv, true).await;
             } else {
-                self.provision(claim);
+                self.provision(claim).await;
             }
             return;
         }
@@ -228,7 +247,7 @@ impl Controller {
         };
         let free = crate::util::at(&pv, "/spec/claimRef").is_none_or(Value::is_null);
         if free || prebound_to(&pv, claim) {
-            self.bind(claim, &pv, false);
+            self.bind(claim, &pv, false).await;
         }
     }
 
@@ -243,11 +262,17 @@ impl Controller {
         if delayed {
             return None;
         }
-        super::matching::best_static_match(claim, self.store.list(PVS, None).0)
+        let candidates = self
+            .index
+            .unclaimed_volumes(class)
+            .iter()
+            .filter_map(|n| self.store.get(PVS, "", n))
+            .collect();
+        super::matching::best_static_match(claim, candidates)
     }
 
     /// Binds `claim` and `pv`; `chosen_by_controller` when the claim had no `volumeName`.
-    fn bind(&mut self, claim: &Arc<Value>, pv: &Arc<Value>, chosen_by_controller: bool) {
+    async fn bind(&mut self, claim: &Arc<Value>, pv: &Arc<Value>, chosen_by_controller: bool) {
         let pv_name = util::name_of(pv).to_string();
         let claim_uid = util::meta_str(claim, "uid").unwrap_or_default().to_string();
         let needs_ref = str_at(pv, "/spec/claimRef/uid") != Some(claim_uid.as_str());
@@ -261,31 +286,36 @@ impl Controller {
                 "resourceVersion": util::meta_str(claim, "resourceVersion").unwrap_or_default(),
             });
             if self
-                .modify(PVS, "", &pv_name, |v| {
-                    v["spec"]["claimRef"] = claim_ref;
+                .modify(Client::Binder, PVS, "", &pv_name, |v| {
+                    v["spec"]["claimRef"] = claim_ref.clone();
                     set_annotation(v, ANN_BOUND_BY_CONTROLLER, "yes");
                 })
+                .await
                 .is_none()
             {
                 return;
             }
         }
         let now = now_time();
-        self.modify(PVS, "", &pv_name, |v| {
+        self.modify(Client::Binder, PVS, "", &pv_name, |v| {
             if str_at(v, "/status/phase") != Some("Bound") {
                 v["status"]["phase"] = json!("Bound");
                 v["status"]["lastPhaseTransitionTime"] = json!(now);
             }
-        });
+        })
+        .await;
         let ns = util::ns_of(claim).to_string();
         let name = util::name_of(claim).to_string();
-        let Some(claim) = self.modify(PVCS, &ns, &name, |c| {
-            c["spec"]["volumeName"] = json!(pv_name);
-            set_annotation(c, ANN_BIND_COMPLETED, "yes");
-            if chosen_by_controller {
-                set_annotation(c, ANN_BOUND_BY_CONTROLLER, "yes");
-            }
-        }) else {
+        let Some(claim) = self
+            .modify(Client::Binder, PVCS, &ns, &name, |c| {
+                c["spec"]["volumeName"] = json!(pv_name);
+                set_annotation(c, ANN_BIND_COMPLETED, "yes");
+                if chosen_by_controller {
+                    set_annotation(c, ANN_BOUND_BY_CONTROLLER, "yes");
+                }
+            })
+            .await
+        else {
             return;
         };
         let access_modes = pv
@@ -295,36 +325,45 @@ impl Controller {
         let capacity = crate::util::at(pv, "/spec/capacity")
             .cloned()
             .unwrap_or(json!({}));
-        self.modify(PVCS, util::ns_of(&claim), util::name_of(&claim), |c| {
-            c["status"]["phase"] = json!("Bound");
-            c["status"]["accessModes"] = access_modes;
-            c["status"]["capacity"] = capacity;
-        });
+        self.modify(
+            Client::Binder,
+            PVCS,
+            util::ns_of(&claim),
+            util::name_of(&claim),
+            |c| {
+                c["status"]["phase"] = json!("Bound");
+                c["status"]["accessModes"] = access_modes.clone();
+                c["status"]["capacity"] = capacity.clone();
+            },
+        )
+        .await;
     }
 
     /// Dynamic provisioning by an external provisioner: annotate, then wait (and say so).
-    fn provision(&mut self, claim: &Arc<Value>) {
+    async fn provision(&mut self, claim: &Arc<Value>) {
         let class_name = str_at(claim, "/spec/storageClassName").unwrap_or_default();
         if class_name.is_empty() {
-            self.recorder.emit(
-                &self.store,
+            self.emit(
+                Client::Binder,
                 claim,
                 "Normal",
                 "FailedBinding",
                 "no persistent volumes available for this claim and no storage class is set",
                 PV_CONTROLLER,
-            );
+            )
+            .await;
             return;
         }
         let Some(class) = self.store.get("storageclasses", "", class_name) else {
-            self.recorder.emit(
-                &self.store,
+            self.emit(
+                Client::Binder,
                 claim,
                 "Warning",
                 "ProvisioningFailed",
                 &format!("storageclass.storage.k8s.io \"{class_name}\" not found"),
                 PV_CONTROLLER,
-            );
+            )
+            .await;
             return;
         };
         let provisioner = str_at(&class, "/provisioner")
@@ -333,26 +372,30 @@ impl Controller {
         if str_at(&class, "/volumeBindingMode") == Some("WaitForFirstConsumer")
             && annotation(claim, ANN_SELECTED_NODE).is_none_or(str::is_empty)
         {
-            self.recorder.emit(
-                &self.store,
+            self.emit(
+                Client::Binder,
                 claim,
                 "Normal",
                 "WaitForFirstConsumer",
                 "waiting for first consumer to be created before binding",
                 PV_CONTROLLER,
-            );
+            )
+            .await;
             return;
         }
         let ns = util::ns_of(claim).to_string();
         let name = util::name_of(claim).to_string();
-        let Some(claim) = self.modify(PVCS, &ns, &name, |c| {
-            set_annotation(c, ANN_PROVISIONER_BETA, &provisioner);
-            set_annotation(c, ANN_PROVISIONER, &provisioner);
-        }) else {
+        let Some(claim) = self
+            .modify(Client::Binder, PVCS, &ns, &name, |c| {
+                set_annotation(c, ANN_PROVISIONER_BETA, &provisioner);
+                set_annotation(c, ANN_PROVISIONER, &provisioner);
+            })
+            .await
+        else {
             return;
         };
-        self.recorder.emit(
-            &self.store,
+        self.emit(
+            Client::Binder,
             &claim,
             "Normal",
             "ExternalProvisioning",
@@ -360,6 +403,7 @@ impl Controller {
                 "Waiting for a volume to be created either by the external provisioner '{provisioner}' or manually by the system administrator. If volume creation is delayed, please verify that the provisioner is running and correctly registered."
             ),
             PV_CONTROLLER,
-        );
+        )
+        .await;
     }
 }

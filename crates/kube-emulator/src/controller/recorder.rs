@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
+use super::limiter::TokenBucket;
 use crate::store::{Action, Origin, Store};
 use crate::util::{self, now_nanos, now_time};
 
@@ -39,10 +40,13 @@ fn involved(obj: &Value) -> Value {
 }
 
 impl Recorder {
-    /// Records an event about `obj` (type `Normal`/`Warning`) from `component`.
-    pub fn emit(
+    /// Records an event about `obj` (type `Normal`/`Warning`) from `component`; with a
+    /// `limit`, the create or the count update first waits for a token of it.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn emit(
         &mut self,
         store: &Store,
+        limit: Option<&TokenBucket>,
         obj: &Value,
         event_type: &str,
         reason: &str,
@@ -51,6 +55,9 @@ impl Recorder {
     ) {
         let uid = util::meta_str(obj, "uid").unwrap_or_default();
         let key = format!("{uid}\u{0}{event_type}\u{0}{reason}\u{0}{message}\u{0}{component}");
+        if let Some(bucket) = limit {
+            bucket.wait().await;
+        }
         let now = now_time();
         if let Some((ns, name)) = self.cache.get(&key) {
             let k = (ns.clone(), name.clone());

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Controller, PVCS, PVS};
+use super::{Client, Controller, PVCS, PVS};
 use crate::admission::PV_PROTECTION;
 use crate::util::{self, finalizers, is_terminating, now_time, str_at};
 
@@ -15,7 +15,7 @@ fn set_phase(pv: &mut Value, phase: &str) {
 }
 
 impl Controller {
-    pub(super) fn sync_volume(&mut self, name: &str) {
+    pub(super) async fn sync_volume(&mut self, name: &str) {
         let Some(pv) = self.store.get(PVS, "", name) else {
             return;
         };
@@ -23,27 +23,32 @@ impl Controller {
         if is_terminating(&pv) {
             // pv-protection: a volume that is not bound may go.
             if has_protection && str_at(&pv, "/status/phase") != Some("Bound") {
-                self.modify(PVS, "", name, |v| {
+                self.modify(Client::PvProtection, PVS, "", name, |v| {
                     let rest: Vec<String> = finalizers(v)
                         .into_iter()
                         .filter(|f| f != PV_PROTECTION)
                         .collect();
                     util::set_finalizers(v, rest);
-                });
+                })
+                .await;
             }
             return;
         }
         if !has_protection {
-            self.modify(PVS, "", name, |v| {
+            self.modify(Client::PvProtection, PVS, "", name, |v| {
                 let mut f = finalizers(v);
-                f.push(PV_PROTECTION.to_string());
+                if !f.iter().any(|f| f == PV_PROTECTION) {
+                    f.push(PV_PROTECTION.to_string());
+                }
                 util::set_finalizers(v, f);
-            });
+            })
+            .await;
         }
         let claim_ref = crate::util::at(&pv, "/spec/claimRef").filter(|c| !c.is_null());
         let Some(claim_ref) = claim_ref else {
             if matches!(str_at(&pv, "/status/phase"), None | Some("Pending")) {
-                self.modify(PVS, "", name, |v| set_phase(v, "Available"));
+                self.modify(Client::Binder, PVS, "", name, |v| set_phase(v, "Available"))
+                    .await;
             }
             return;
         };
@@ -61,34 +66,26 @@ impl Controller {
                     // syncVolume's "all is bound": the volume's phase only. A claim that went
                     // `Lost` while its volume was deleted and created again is not synced from
                     // here; its own next sync (an update of it, or the resync) binds it again.
-                    self.modify(PVS, "", name, |v| set_phase(v, "Bound"));
+                    self.modify(Client::Binder, PVS, "", name, |v| set_phase(v, "Bound"))
+                        .await;
                 } else if str_at(&c, "/spec/volumeName").is_none_or(str::is_empty) || bound_here {
                     // Pre-bound volume, claim not bound yet: the claim sync binds them.
-                    self.sync_claim(&cns, &cname);
+                    self.sync_claim(&cns, &cname).await;
                 }
             }
             _ if cuid.is_empty() => {
                 if matches!(str_at(&pv, "/status/phase"), None | Some("Pending")) {
-                    self.modify(PVS, "", name, |v| set_phase(v, "Available"));
+                    self.modify(Client::Binder, PVS, "", name, |v| set_phase(v, "Available"))
+                        .await;
                 }
             }
             _ => {
                 // The claim is gone (or replaced): the volume is released; claimRef stays.
                 if !matches!(str_at(&pv, "/status/phase"), Some("Released" | "Failed")) {
-                    self.modify(PVS, "", name, |v| set_phase(v, "Released"));
+                    self.modify(Client::Binder, PVS, "", name, |v| set_phase(v, "Released"))
+                        .await;
                 }
             }
-        }
-    }
-
-    /// After a claim is deleted: every volume that refers to it.
-    pub(super) fn sync_volumes_of_claim(&mut self, ns: &str, name: &str) {
-        let (volumes, _) = self.store.list(PVS, None);
-        for pv in volumes.iter().filter(|pv| {
-            str_at(pv, "/spec/claimRef/namespace") == Some(ns)
-                && str_at(pv, "/spec/claimRef/name") == Some(name)
-        }) {
-            self.sync_volume(util::name_of(pv));
         }
     }
 }
