@@ -66,8 +66,9 @@ pub fn request_image_name(request_name: &str) -> String {
 
 /// Whether `image` is a name one of the front doors gives the volume named `volume` (a PV or
 /// CSI request name): the name itself, its CSI hash, or the provisioner's `<prefix><claim uid>`
-/// for a PV `pvc-<claim uid>` (any prefix: it is a flag). Used where only the image is known
-/// (a CSI volume ID) to tell whether its owner record names this volume or another one.
+/// for a PV `pvc-<claim uid>` (any prefix: it is a flag; the uid must be a UUID, as Kubernetes
+/// makes them). Used where only the image is known (a CSI volume ID) to tell whether its owner
+/// record names this volume or another one.
 #[must_use]
 pub fn is_image_of(image: &str, volume: &str) -> bool {
     if image == volume || image == request_image_name(volume) {
@@ -75,7 +76,16 @@ pub fn is_image_of(image: &str, volume: &str) -> bool {
     }
     volume
         .strip_prefix("pvc-")
-        .is_some_and(|uid| !uid.is_empty() && image.len() > uid.len() && image.ends_with(uid))
+        .is_some_and(|uid| is_uuid(uid) && image.len() > uid.len() && image.ends_with(uid))
+}
+
+/// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in hex digits.
+fn is_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
 }
 
 /// Lower-case hex of `bytes`.
@@ -137,8 +147,13 @@ mod tests {
             &Naming::default().image_name(&pv),
             "pvc-other"
         ));
-        // an empty claim uid names nothing
+        // only a whole claim UID counts as the provisioner's naming
         assert!(!is_image_of("kubernetes-dynamic-pvc-", "pvc-"));
+        assert!(!is_image_of("core-adopt", "pvc-adopt"));
+        assert!(!is_image_of(
+            &format!("k8s-{}", &uid[1..]),
+            &format!("pvc-{}", &uid[1..])
+        ));
         assert!(!is_image_of("x", "pvc-"));
     }
 }
