@@ -40,17 +40,20 @@ impl Env {
         ceph: &micro_ceph::MicroCeph,
         provisioner_args: &[String],
         provisioner_env: &[(String, String)],
+        emulator_args: &[String],
     ) -> anyhow::Result<Env> {
         let kubeconfig = dir.join(format!("kubeconfig-{tag}"));
+        let mut args = vec![
+            "--listen".to_string(),
+            "127.0.0.1:0".into(),
+            "--kubeconfig-out".into(),
+            path_arg(&kubeconfig),
+        ];
+        args.extend(emulator_args.iter().cloned());
         let mut emulator = Proc::spawn(
             "kube-emulator",
             &bins.join("kube-emulator"),
-            &[
-                "--listen".into(),
-                "127.0.0.1:0".into(),
-                "--kubeconfig-out".into(),
-                path_arg(&kubeconfig),
-            ],
+            &args,
             &[],
             dir.join(format!("emulator-{tag}.log")),
         )?;

@@ -44,6 +44,17 @@ enum Profile {
     Both,
 }
 
+/// Which emulated control plane(s) our profile runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ControlPlane {
+    /// The PV controller limited like kube-controller-manager by default (20 qps, burst 30).
+    Default,
+    /// No client limit in the emulator's PV controller.
+    Unthrottled,
+    /// Both, side by side.
+    Both,
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "rbd-bench",
@@ -96,7 +107,22 @@ struct Args {
     /// Run `cargo bench -p ceph-rbd --bench ops` first (else its last JSON is read).
     #[arg(long)]
     ceph_bench: bool,
+    /// Control plane(s) for our profile: `default` (the emulator's PV controller with
+    /// kube-controller-manager's client limit, 20 qps / burst 30, as a real cluster has),
+    /// `unthrottled`, or both. The old-settings profile always runs unthrottled.
+    #[arg(long, value_enum, default_value = "both")]
+    control_plane: ControlPlane,
+    /// Time limit per phase on the default control plane, seconds (~4 claims/s: 1000 claims
+    /// take ~250 s to bind).
+    #[arg(long, default_value_t = 600)]
+    default_control_plane_time_limit: u64,
+    /// Largest N run on the default control plane (larger N are skipped).
+    #[arg(long, default_value_t = 1000)]
+    default_control_plane_max_claims: usize,
 }
+
+/// kube-emulator flag for the default control plane.
+const DEFAULT_CONTROL_PLANE_ARGS: &[&str] = &["--default-control-plane"];
 
 /// The old `ceph.com/rbd` external provisioner's client settings (its client-go defaults),
 /// given to our binary for the old-settings profile.
@@ -166,13 +192,36 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut plans = Vec::new();
     if args.profile != Profile::OldSettings {
         for &n in &args.claims {
-            plans.push((OURS, n, args.time_limit));
+            if args.control_plane != ControlPlane::Default {
+                plans.push((OURS, report::UNTHROTTLED, n, args.time_limit));
+            }
+            if args.control_plane == ControlPlane::Unthrottled {
+                continue;
+            }
+            if n <= args.default_control_plane_max_claims {
+                plans.push((
+                    OURS,
+                    report::DEFAULT_CONTROL_PLANE,
+                    n,
+                    args.default_control_plane_time_limit,
+                ));
+            } else {
+                eprintln!(
+                    "skipping the default control plane at N={n} (> --default-control-plane-max-claims {})",
+                    args.default_control_plane_max_claims
+                );
+            }
         }
     }
     if args.profile != Profile::Ours {
         for &n in &args.claims {
             if n <= args.old_settings_max_claims {
-                plans.push((OLD_SETTINGS, n, args.old_settings_time_limit));
+                plans.push((
+                    OLD_SETTINGS,
+                    report::UNTHROTTLED,
+                    n,
+                    args.old_settings_time_limit,
+                ));
             } else {
                 eprintln!(
                     "skipping the {OLD_SETTINGS} profile at N={n} (> --old-settings-max-claims {})",
@@ -184,7 +233,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 
     let mut runs: Vec<RunResult> = Vec::new();
     let mut failures: Vec<serde_json::Value> = Vec::new();
-    for (i, (profile, n, limit)) in plans.into_iter().enumerate() {
+    for (i, (profile, control_plane, n, limit)) in plans.into_iter().enumerate() {
         let extra: Vec<String> = if profile == OLD_SETTINGS {
             OLD_SETTINGS_ARGS.iter().map(|s| (*s).to_string()).collect()
         } else {
@@ -194,12 +243,34 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             .into_iter()
             .chain(args.provisioner_args.iter().cloned())
             .collect();
-        let tag = format!("{i}-{profile}-{n}");
+        let emulator_args: Vec<String> = if control_plane == report::DEFAULT_CONTROL_PLANE {
+            DEFAULT_CONTROL_PLANE_ARGS
+                .iter()
+                .map(|s| (*s).to_string())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let plane_tag = if control_plane == report::UNTHROTTLED {
+            ""
+        } else {
+            "-default-control-plane"
+        };
+        let tag = format!("{i}-{profile}-{n}{plane_tag}");
         eprintln!("run {tag}: starting emulator and provisioner");
-        let mut env =
-            Env::start(&bins, &work.0, &tag, &ceph, &extra, &args.provisioner_env).await?;
+        let mut env = Env::start(
+            &bins,
+            &work.0,
+            &tag,
+            &ceph,
+            &extra,
+            &args.provisioner_env,
+            &emulator_args,
+        )
+        .await?;
         let plan = Plan {
             profile,
+            control_plane,
             claims: n,
             size: args.size.clone(),
             concurrency: args.concurrency,
@@ -215,7 +286,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             Err(e) => {
                 let error = format!("{e:#}");
                 eprintln!("run {tag} FAILED: {error}");
-                failures.push(json!({"profile": profile, "claims": n, "error": error}));
+                failures.push(json!({"profile": profile, "control_plane": control_plane, "claims": n, "error": error}));
                 continue;
             }
         };
@@ -236,6 +307,15 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let ceph_ratio = report::read_ceph_ratio(&bench_dir.join("ceph-rbd-ops.json"));
 
     println!("\n{}", report::table(&runs));
+    if runs
+        .iter()
+        .any(|r| r.control_plane == report::DEFAULT_CONTROL_PLANE)
+    {
+        println!(
+            "our binary per control plane:\n\n{}",
+            report::control_plane_table(&runs)
+        );
+    }
     for (n, r) in &ratios {
         println!("bind throughput {OURS} / {OLD_SETTINGS} at N={n}: {r:.1}x");
     }
@@ -274,6 +354,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         "size": args.size,
         "concurrency": args.concurrency,
         "old_settings_args": OLD_SETTINGS_ARGS,
+        "default_control_plane_emulator_args": DEFAULT_CONTROL_PLANE_ARGS,
         "provisioner_extra_args": args.provisioner_args,
         "provisioner_env": args.provisioner_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
         "runs": runs,

@@ -19,6 +19,8 @@ use crate::tracker::Tracker;
 /// Knobs of a run.
 pub struct Plan {
     pub profile: &'static str,
+    /// `report::UNTHROTTLED` or `report::DEFAULT_CONTROL_PLANE`.
+    pub control_plane: &'static str,
     pub claims: usize,
     pub size: String,
     pub concurrency: usize,
@@ -179,6 +181,7 @@ pub async fn measure(
 
     Ok(RunResult {
         profile: plan.profile.to_string(),
+        control_plane: plan.control_plane.to_string(),
         claims: plan.claims,
         time_limit_s: plan.time_limit.as_secs_f64(),
         complete: bind_complete && all_gone && images_left == 0,
