@@ -103,6 +103,8 @@ pub(crate) fn on_create(res: &ResourceInfo, obj: &mut Value, view: &StoreView<'_
                 m.remove("status");
             }
         }
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => crate::crd::on_create_crd(obj),
+        _ if res.custom.is_some() => crate::crd::on_create_custom(res, obj),
         _ => {}
     }
     normalize(res, obj);

@@ -17,6 +17,7 @@
 mod admission;
 mod api;
 mod controller;
+mod crd;
 mod emulator;
 mod events_view;
 mod faults;

@@ -30,6 +30,8 @@ pub(crate) struct ResourceInfo {
     pub storage_version_hash: &'static str,
     /// PUT without `metadata.resourceVersion` is allowed (unconditional update).
     pub allow_unconditional_update: bool,
+    /// The CRD facts of a custom resource (`None` for built-ins).
+    pub custom: Option<&'static crate::crd::Custom>,
 }
 
 impl ResourceInfo {
@@ -91,6 +93,7 @@ macro_rules! res {
             view: View::Native,
             storage_version_hash: $hash,
             allow_unconditional_update: true,
+            custom: None,
         }
     };
 }
@@ -207,6 +210,19 @@ pub(crate) static RESOURCES: &[ResourceInfo] = &[
             "r2yiGXH7wu8="
         )
     },
+    ResourceInfo {
+        categories: &["api-extensions"],
+        ..res!(
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "customresourcedefinition",
+            "CustomResourceDefinition",
+            false,
+            &["crd", "crds"],
+            true,
+            "jfWCUB31mvA="
+        )
+    },
     res!(
         "storage.k8s.io",
         "csidrivers",
@@ -250,7 +266,12 @@ pub(crate) static RESOURCES: &[ResourceInfo] = &[
 ];
 
 /// The API groups (other than core) in `/apis` order.
-pub(crate) const GROUPS: &[&str] = &["events.k8s.io", "storage.k8s.io", "coordination.k8s.io"];
+pub(crate) const GROUPS: &[&str] = &[
+    "events.k8s.io",
+    "storage.k8s.io",
+    "apiextensions.k8s.io",
+    "coordination.k8s.io",
+];
 
 pub(crate) fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceInfo> {
     RESOURCES

@@ -38,6 +38,9 @@ fn typed_roundtrip(res: &ResourceInfo, v: Value) -> Result<Value, String> {
         ("storage.k8s.io", "CSINode") => roundtrip::<storage::v1::CSINode>(v),
         ("storage.k8s.io", "StorageClass") => roundtrip::<storage::v1::StorageClass>(v),
         ("storage.k8s.io", "VolumeAttachment") => roundtrip::<storage::v1::VolumeAttachment>(v),
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => roundtrip::<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >(v),
         _ => Ok(v),
     }
 }
@@ -207,10 +210,16 @@ pub(crate) fn decode(
     }
     check_quantities(res, &mut body)?;
     check_lease_times(res, &body)?;
-    let output =
-        typed_roundtrip(res, body.clone()).map_err(|e| ApiError::cannot_handle(res, &e))?;
-    let mut unknown = Vec::new();
-    unknown_fields(&body, &output, "", &mut unknown);
+    let (output, unknown) = match res.custom {
+        Some(custom) => crate::crd::decode_custom(res, custom, body)?,
+        None => {
+            let output =
+                typed_roundtrip(res, body.clone()).map_err(|e| ApiError::cannot_handle(res, &e))?;
+            let mut unknown = Vec::new();
+            unknown_fields(&body, &output, "", &mut unknown);
+            (output, unknown)
+        }
+    };
     if strict && !unknown.is_empty() {
         let list: Vec<String> = unknown
             .iter()

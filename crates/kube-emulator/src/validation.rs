@@ -226,6 +226,12 @@ fn fail(res: &ResourceInfo, obj: &Value, causes: Vec<Cause>) -> Result<(), ApiEr
 
 /// Validation of a new object (422 on failure).
 pub(crate) fn validate_create(res: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
+    if res.kind == "CustomResourceDefinition" && res.group == "apiextensions.k8s.io" {
+        crate::crd::validate_crd(obj, None)?;
+    }
+    if let Some(custom) = res.custom {
+        crate::crd::validate_custom(res, custom, None, obj)?;
+    }
     let mut causes = Vec::new();
     name_causes(res, obj, &mut causes);
     spec_causes(res, obj, &mut causes);
@@ -356,7 +362,13 @@ pub(crate) fn validate_update(
             ));
         }
     }
+    if let Some(custom) = res.custom {
+        crate::crd::validate_custom(res, custom, Some(old), new)?;
+    }
     match (res.group, res.kind) {
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+            crate::crd::validate_crd(new, Some(old))
+        }
         ("", "PersistentVolumeClaim") => pvc_update(res, old, new, view),
         ("storage.k8s.io", "StorageClass") => {
             let mut causes = Vec::new();

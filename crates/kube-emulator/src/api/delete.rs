@@ -75,17 +75,22 @@ fn delete_one(ctx: &Ctx, t: &Target, key: &Key, opts: &Value) -> Result<Written,
 
 /// Namespaces are removed at once together with their contents (no namespace controller).
 fn cascade_namespace(ctx: &Ctx, ns: &str) {
-    for res in resources::RESOURCES
+    let builtin = resources::RESOURCES
         .iter()
         .filter(|r| r.namespaced && r.view == View::Native)
-    {
-        let (objs, _) = ctx.shared.store.list(res.storage, Some(ns));
+        .map(|r| r.storage);
+    let custom = ctx.shared.store.crds.storages().into_iter();
+    let storages: Vec<&'static str> = builtin
+        .chain(custom.filter(|(_, namespaced)| *namespaced).map(|(s, _)| s))
+        .collect();
+    for storage in storages {
+        let (objs, _) = ctx.shared.store.list(storage, Some(ns));
         for o in objs {
             let key = (ns.to_string(), util::name_of(&o).to_string());
             let _ = ctx
                 .shared
                 .store
-                .write(res.storage, &key, Origin::Client, |_, e| {
+                .write(storage, &key, Origin::Client, |_, e| {
                     Ok(if e.is_some() {
                         Action::Remove
                     } else {

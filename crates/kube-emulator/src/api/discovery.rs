@@ -6,6 +6,7 @@ use axum::response::Response;
 use serde_json::{Map, Value, json};
 
 use super::{error_response, json_response};
+use crate::crd::Registry;
 use crate::resources::{self, GROUPS, ResourceInfo};
 use crate::status::ApiError;
 
@@ -36,7 +37,9 @@ fn legacy_resource(r: &ResourceInfo) -> Vec<Value> {
     if !r.categories.is_empty() {
         m.insert("categories".into(), json!(r.categories));
     }
-    m.insert("storageVersionHash".into(), json!(r.storage_version_hash));
+    if !r.storage_version_hash.is_empty() {
+        m.insert("storageVersionHash".into(), json!(r.storage_version_hash));
+    }
     let mut out = vec![Value::Object(m)];
     if r.has_status {
         out.push(json!({
@@ -79,20 +82,57 @@ fn aggregated_resource(r: &ResourceInfo) -> Value {
     Value::Object(m)
 }
 
-fn aggregated_group(name: Option<&str>, group: &str) -> Value {
-    let resources: Vec<Value> = resources::group_resources(group)
-        .map(aggregated_resource)
+/// The versions of a group (preferred first) with their resources: built-in groups serve
+/// `v1`, CRD groups what their CRDs serve.
+fn group_versions(group: &str, crds: &Registry) -> Vec<(&'static str, Vec<&'static ResourceInfo>)> {
+    if group.is_empty() || GROUPS.contains(&group) {
+        return vec![("v1", resources::group_resources(group).collect())];
+    }
+    let all = crds.all();
+    crds.groups()
+        .into_iter()
+        .filter(|(g, _)| *g == group)
+        .flat_map(|(_, versions)| versions)
+        .map(|v| {
+            let list = all
+                .iter()
+                .copied()
+                .filter(|r| r.group == group && r.version == v)
+                .collect();
+            (v, list)
+        })
+        .collect()
+}
+
+/// Every group after core: the built-in ones, then the CRD groups (sorted).
+fn all_groups(crds: &Registry) -> Vec<&'static str> {
+    let mut groups: Vec<&'static str> = GROUPS.to_vec();
+    groups.extend(crds.groups().into_iter().map(|(g, _)| g));
+    groups
+}
+
+fn aggregated_group(name: Option<&str>, group: &str, crds: &Registry) -> Value {
+    let versions: Vec<Value> = group_versions(group, crds)
+        .into_iter()
+        .map(|(v, list)| {
+            let resources: Vec<Value> = list.into_iter().map(aggregated_resource).collect();
+            json!({"version": v, "resources": resources, "freshness": "Current"})
+        })
         .collect();
     let meta = match name {
         Some(n) => json!({"name": n}),
         None => json!({}),
     };
-    json!({"metadata": meta, "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}]})
+    json!({"metadata": meta, "versions": versions})
 }
 
-fn group_entry(g: &str) -> Value {
-    let gv = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
-    json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+fn group_entry(g: &str, crds: &Registry) -> Value {
+    let versions: Vec<Value> = group_versions(g, crds)
+        .into_iter()
+        .map(|(v, _)| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+        .collect();
+    let preferred = versions.first().cloned().unwrap_or(Value::Null);
+    json!({"name": g, "versions": versions, "preferredVersion": preferred})
 }
 
 fn with_content_type(mut resp: Response, ct: &'static str) -> Response {
@@ -105,20 +145,24 @@ fn with_content_type(mut resp: Response, ct: &'static str) -> Response {
 /// operation tagged with its GVK and the `fieldValidation` parameter (kubectl checks these to
 /// decide on server-side field validation). No schemas: kubectl then builds strategic merge
 /// patches from its compiled-in types.
-fn openapi_gv(group: &str) -> Value {
+fn openapi_gv(group: &str, version: &str, crds: &Registry) -> Value {
     let mut paths = Map::new();
-    for r in resources::group_resources(group) {
+    let list = group_versions(group, crds)
+        .into_iter()
+        .filter(|(v, _)| *v == version)
+        .flat_map(|(_, l)| l);
+    for r in list {
         let prefix = if group.is_empty() {
             "/api/v1".to_string()
         } else {
-            format!("/apis/{group}/v1")
+            format!("/apis/{group}/{version}")
         };
         let path = if r.namespaced {
             format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", r.plural)
         } else {
             format!("{prefix}/{}/{{name}}", r.plural)
         };
-        let gvk = json!({"group": group, "version": "v1", "kind": r.kind});
+        let gvk = json!({"group": group, "version": version, "kind": r.kind});
         let params = json!([
             {"name": "dryRun", "in": "query", "schema": {"type": "string"}},
             {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
@@ -139,22 +183,24 @@ fn openapi_gv(group: &str) -> Value {
     })
 }
 
-fn openapi_root() -> Value {
+fn openapi_root(crds: &Registry) -> Value {
     let mut paths = Map::new();
     let entry =
         |p: &str| json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={OPENAPI_HASH}")});
     paths.insert("api".into(), entry("api"));
     paths.insert("api/v1".into(), entry("api/v1"));
     paths.insert("apis".into(), entry("apis"));
-    for g in GROUPS {
-        let p = format!("apis/{g}/v1");
-        paths.insert(p.clone(), entry(&p));
+    for g in all_groups(crds) {
+        for (v, _) in group_versions(g, crds) {
+            let p = format!("apis/{g}/{v}");
+            paths.insert(p.clone(), entry(&p));
+        }
     }
     json!({"paths": paths})
 }
 
 /// Serves non-resource GET paths; `None` for resource paths.
-pub(crate) fn serve(path: &str, headers: &HeaderMap) -> Option<Response> {
+pub(crate) fn serve(path: &str, headers: &HeaderMap, crds: &Registry) -> Option<Response> {
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -171,7 +217,7 @@ pub(crate) fn serve(path: &str, headers: &HeaderMap) -> Option<Response> {
         "/api" if aggregated => with_content_type(
             json_response(
                 200,
-                &json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": [aggregated_group(None, "")]}),
+                &json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": [aggregated_group(None, "", crds)]}),
                 &[],
             ),
             AGGREGATED_CT,
@@ -192,9 +238,9 @@ pub(crate) fn serve(path: &str, headers: &HeaderMap) -> Option<Response> {
             )
         }
         "/apis" if aggregated => {
-            let items: Vec<Value> = GROUPS
-                .iter()
-                .map(|g| aggregated_group(Some(g), g))
+            let items: Vec<Value> = all_groups(crds)
+                .into_iter()
+                .map(|g| aggregated_group(Some(g), g, crds))
                 .collect();
             with_content_type(
                 json_response(
@@ -206,7 +252,10 @@ pub(crate) fn serve(path: &str, headers: &HeaderMap) -> Option<Response> {
             )
         }
         "/apis" => {
-            let groups: Vec<Value> = GROUPS.iter().map(|g| group_entry(g)).collect();
+            let groups: Vec<Value> = all_groups(crds)
+                .into_iter()
+                .map(|g| group_entry(g, crds))
+                .collect();
             json_response(
                 200,
                 &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
@@ -214,10 +263,10 @@ pub(crate) fn serve(path: &str, headers: &HeaderMap) -> Option<Response> {
             )
         }
         "/openapi/v3" => with_content_type(
-            json_response(200, &openapi_root(), &[]),
+            json_response(200, &openapi_root(crds), &[]),
             "text/plain; charset=utf-8",
         ),
-        "/openapi/v3/api/v1" => json_response(200, &openapi_gv(""), &[]),
+        "/openapi/v3/api/v1" => json_response(200, &openapi_gv("", "v1", crds), &[]),
         "/openapi/v3/api" | "/openapi/v3/apis" => json_response(
             200,
             &json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.36.2"}, "paths": {}}),
@@ -232,33 +281,41 @@ pub(crate) fn serve(path: &str, headers: &HeaderMap) -> Option<Response> {
             )
         }),
         p => {
+            let groups = all_groups(crds);
+            let served = |g: &str, v: &str| {
+                groups.contains(&g) && group_versions(g, crds).iter().any(|(x, _)| *x == v)
+            };
             if let Some(rest) = p.strip_prefix("/openapi/v3/apis/") {
-                let group = rest.trim_end_matches("/v1");
-                if GROUPS.contains(&group) {
-                    return Some(json_response(200, &openapi_gv(group), &[]));
-                }
-                return None;
+                return match rest.split_once('/') {
+                    Some((g, v)) if served(g, v) => {
+                        Some(json_response(200, &openapi_gv(g, v, crds), &[]))
+                    }
+                    _ => None,
+                };
             }
             let rest = p.strip_prefix("/apis/")?;
             let segs: Vec<&str> = rest.split('/').collect();
             match segs.as_slice() {
-                [g] if GROUPS.contains(g) => json_response(
+                [g] if groups.contains(g) => json_response(
                     200,
                     &{
-                        let mut e = group_entry(g);
+                        let mut e = group_entry(g, crds);
                         e["kind"] = json!("APIGroup");
                         e["apiVersion"] = json!("v1");
                         e
                     },
                     &[],
                 ),
-                [g, "v1"] if GROUPS.contains(g) => {
-                    let res: Vec<Value> = resources::group_resources(g)
+                [g, v] if served(g, v) => {
+                    let res: Vec<Value> = group_versions(g, crds)
+                        .into_iter()
+                        .filter(|(x, _)| x == v)
+                        .flat_map(|(_, l)| l)
                         .flat_map(legacy_resource)
                         .collect();
                     json_response(
                         200,
-                        &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{g}/v1"), "resources": res}),
+                        &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{g}/{v}"), "resources": res}),
                         &[],
                     )
                 }

@@ -73,8 +73,9 @@ fn not_found_path() -> ApiError {
     }
 }
 
-/// Parses `/api/v1/...` and `/apis/<group>/<version>/...` resource paths.
-pub(crate) fn parse_target(path: &str) -> Result<Target, ApiError> {
+/// Parses `/api/v1/...` and `/apis/<group>/<version>/...` resource paths (built-ins first,
+/// then the resources of the stored CRDs).
+pub(crate) fn parse_target(path: &str, crds: &crate::crd::Registry) -> Result<Target, ApiError> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
         ["api", v, rest @ ..] => ("", *v, rest),
@@ -85,9 +86,11 @@ pub(crate) fn parse_target(path: &str) -> Result<Target, ApiError> {
         ["watch", r @ ..] => (true, r),
         r => (false, r),
     };
-    let lookup = |plural: &str| resources::find(group, version, plural).ok_or_else(not_found_path);
-    let namespaced =
-        |plural: &str| resources::find(group, version, plural).is_some_and(|r| r.namespaced);
+    let find = |plural: &str| {
+        resources::find(group, version, plural).or_else(|| crds.find(group, version, plural))
+    };
+    let lookup = |plural: &str| find(plural).ok_or_else(not_found_path);
+    let namespaced = |plural: &str| find(plural).is_some_and(|r| r.namespaced);
     let target = |res, namespace: Option<&str>, name: Option<&str>, sub: Option<&str>| Target {
         res,
         namespace: namespace.map(str::to_string),
@@ -188,11 +191,11 @@ async fn route(shared: Arc<Shared>, req: Request) -> Response {
     let path = parts.uri.path().to_string();
     let query = Query::parse(parts.uri.query());
     if parts.method == Method::GET
-        && let Some(resp) = discovery::serve(&path, &parts.headers)
+        && let Some(resp) = discovery::serve(&path, &parts.headers, &shared.store.crds)
     {
         return resp;
     }
-    let target = match parse_target(&path) {
+    let target = match parse_target(&path, &shared.store.crds) {
         Ok(t) => t,
         Err(e) => return error_response(&e),
     };

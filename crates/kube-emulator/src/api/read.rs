@@ -14,6 +14,7 @@ use crate::util;
 /// The stored object as the endpoint's view shows it.
 pub(crate) fn present(res: &ResourceInfo, obj: &Value) -> Value {
     match res.view {
+        View::Native if res.custom.is_some() => crate::crd::present_custom(res, obj),
         View::Native => obj.clone(),
         View::EventsV1 => events_view::core_to_v1(obj),
     }
@@ -21,6 +22,7 @@ pub(crate) fn present(res: &ResourceInfo, obj: &Value) -> Value {
 
 pub(super) fn to_storage(res: &ResourceInfo, obj: Value) -> Value {
     match res.view {
+        View::Native if res.custom.is_some() => crate::crd::to_storage_custom(res, obj),
         View::Native => obj,
         View::EventsV1 => events_view::v1_to_core(&obj),
     }

@@ -159,11 +159,34 @@ fn columns_and_cells(res: &ResourceInfo, obj: &Value) -> (Columns, Vec<Value>) {
                 ],
             )
         }
-        _ => (
-            vec![("Name", "string"), ("Age", "string")],
-            vec![name, json!(created)],
-        ),
+        _ => match res.custom.filter(|c| !c.columns.is_empty()) {
+            Some(custom) => custom_columns(custom, obj, name),
+            None => (
+                vec![("Name", "string"), ("Age", "string")],
+                vec![name, json!(created)],
+            ),
+        },
     }
+}
+
+/// A CRD's `additionalPrinterColumns` (simple `.a.b` JSONPaths; `date` cells as ages).
+fn custom_columns(
+    custom: &'static crate::crd::Custom,
+    obj: &Value,
+    name: Value,
+) -> (Columns, Vec<Value>) {
+    let mut cols: Columns = vec![("Name", "string")];
+    let mut cells = vec![name];
+    for c in &custom.columns {
+        cols.push((c.name.as_str(), c.ty.as_str()));
+        let pointer = c.json_path.replace('.', "/");
+        let v = obj.pointer(&pointer).cloned().unwrap_or(Value::Null);
+        cells.push(match (c.ty.as_str(), &v) {
+            ("date", Value::String(ts)) => json!(age(Some(ts))),
+            _ => v,
+        });
+    }
+    (cols, cells)
 }
 
 /// A `meta.k8s.io/v1` Table for `items` (already in the endpoint's view).

@@ -110,6 +110,7 @@ fn create_object(
                     if s_res.namespaced && view.get("namespaces", "", &key.0).is_none() {
                         return Err(ApiError::namespace_not_found(&key.0));
                     }
+                    crate::crd::check_create_allowed(s_res, view)?;
                     admission_warnings = admission::on_create(s_res, &mut candidate, view);
                     admission::validate_create(s_res, &candidate)?;
                     if existing.is_some() {
@@ -123,6 +124,9 @@ fn create_object(
                 });
         match result {
             Ok(written) => {
+                if s_res.storage == crate::crd::CRDS {
+                    crate::crd::ensure_cleanup(&ctx.shared.store);
+                }
                 warnings.extend(admission_warnings);
                 let created = match (dry, written.object()) {
                     (Some(d), _) => d,
@@ -224,6 +228,12 @@ fn compose_update(
         next
     };
     admission::normalize(s_res, &mut next);
+    if s_res.storage == crate::crd::CRDS {
+        crate::crd::on_update_crd(old, &mut next);
+    }
+    if s_res.custom.is_some() || s_res.storage == crate::crd::CRDS {
+        crate::crd::bump_generation(s_res.has_status, old, &mut next);
+    }
     admission::validate_update(s_res, old, &next, view)?;
     if opts.dry_run {
         *dry = Some(next);
@@ -304,6 +314,9 @@ pub(crate) fn patch(ctx: &Ctx) -> Result<Response, ApiError> {
     let t = &ctx.target;
     let kind = PatchKind::from_content_type(ctx.header("content-type"))
         .ok_or_else(ApiError::unsupported_media_type)?;
+    if kind == PatchKind::Strategic && t.res.custom.is_some() {
+        return Err(crate::crd::strategic_merge_refused());
+    }
     let patch_body: Value = if kind == PatchKind::Apply {
         serde_yaml::from_slice(&ctx.body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?

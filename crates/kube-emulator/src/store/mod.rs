@@ -142,6 +142,8 @@ impl Written {
 
 pub(crate) struct Store {
     state: Mutex<State>,
+    /// The resources the stored CRDs define (kept in step with CRD writes, under the lock).
+    pub crds: crate::crd::Registry,
     history_limit: usize,
     queue_len: usize,
     rv_tx: tokio::sync::watch::Sender<u64>,
@@ -188,6 +190,7 @@ impl Store {
                 next_watcher: 1,
                 subscribers: Vec::new(),
             }),
+            crds: crate::crd::Registry::default(),
             history_limit: history_limit.max(1),
             queue_len,
             rv_tx,
@@ -383,6 +386,13 @@ impl Store {
                 Written::Removed(gone)
             }
         };
+        if storage == crate::crd::CRDS {
+            match &written {
+                Written::Created(o) | Written::Updated(o) => self.crds.sync(&key.1, Some(o)),
+                Written::Finalized(_) | Written::Removed(_) => self.crds.sync(&key.1, None),
+                Written::Unchanged(_) | Written::Aborted => {}
+            }
+        }
         Ok(written)
     }
 
