@@ -603,8 +603,21 @@ async fn a_legacy_pv_is_replaced_in_place_keeps_its_data_and_goes_with_its_claim
         rv
     );
 
-    // deleting the claim removes the image (class Delete), through our provisioner
+    // our provisioner expands it (image and PV) with the secrets the migration recorded
     let _p = h.spawn_default();
+    h.resize_claims(std::slice::from_ref(&l.claim), "128Mi")
+        .await;
+    h.until("image grown", Duration::from_secs(30), || async {
+        (h.image_size(&l.image) == 128 << 20).then_some(())
+    })
+    .await;
+    h.until("PV capacity grown", Duration::from_secs(30), || async {
+        let pv = h.volumes().get(&l.pv).await.ok()?;
+        (pv.spec?.capacity?["storage"].0 == "128Mi").then_some(())
+    })
+    .await;
+
+    // deleting the claim removes the image (class Delete), through our provisioner
     h.claims()
         .delete(&l.claim, &Default::default())
         .await
@@ -654,6 +667,20 @@ async fn bad_inputs_are_refused_one_by_one_and_the_others_migrate() {
         versions.insert(l.pv.clone(), pv.metadata.resource_version);
     }
 
+    // the dry run shows every refusal and changes nothing
+    let out = migrate(&h, &["--all", "--dry-run"], &[]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(table.matches(" refused ").count(), 5, "{table}");
+    assert!(
+        table.contains(&format!("{} would become", good.pv)),
+        "{table}"
+    );
+    for l in refused {
+        let pv = h.volumes().get(&l.pv).await.unwrap();
+        assert_eq!(pv.metadata.resource_version, versions[&l.pv]);
+    }
+
     let out = migrate(&h, &["--all", "-o", "json"], &[]);
     assert!(
         !out.status.success(),
@@ -687,4 +714,21 @@ async fn bad_inputs_are_refused_one_by_one_and_the_others_migrate() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("5 of 6 selected PV(s)"));
     assert_eq!(present(&h, &before), before);
     assert_migrated(&h, &good).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provisioner_still_deletes_a_legacy_pv_that_was_not_migrated() {
+    let h = Harness::start().await;
+    setup(&h, true).await;
+    let l = legacy_volume(&h, "old-style", 16, "16Mi", |_| {}).await;
+    let _p = h.spawn_default();
+    h.claims()
+        .delete(&l.claim, &Default::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(&l.pv).await;
+    h.until("image removed", Duration::from_secs(30), || async {
+        (!h.images().contains(&l.image)).then_some(())
+    })
+    .await;
 }

@@ -256,12 +256,11 @@ async fn migrate_legacy(
         ..row.clone()
     };
     let mut row = Row::new(name, Outcome::WouldMigrate, "");
+    (row.claim, row.image) = plan::describe(&pv);
     let legacy = match plan::legacy(&pv) {
         Ok(l) => l,
         Err(e) => return Ok(refuse(&row, e)),
     };
-    row.claim = claim_text(&legacy);
-    row.image = format!("{}/{}", legacy.pool, legacy.image);
     if !ctx.driver_present {
         return Ok(refuse(
             &row,

@@ -135,6 +135,35 @@ pub fn legacy(pv: &PersistentVolume) -> Result<Legacy, String> {
     })
 }
 
+/// `(namespace/name of the claim, pool/image)` as far as the PV says, for the report (also
+/// when [`legacy`] refuses it).
+pub fn describe(pv: &PersistentVolume) -> (String, String) {
+    let spec = pv.spec.as_ref();
+    let claim = spec
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| {
+            Some(format!(
+                "{}/{}",
+                r.namespace.as_deref()?,
+                r.name.as_deref()?
+            ))
+        })
+        .unwrap_or_default();
+    let image = spec
+        .and_then(|s| s.rbd.as_ref())
+        .filter(|r| !r.image.is_empty())
+        .map(|r| {
+            let pool = r
+                .pool
+                .as_deref()
+                .filter(|p| !p.is_empty())
+                .unwrap_or(DEFAULT_POOL);
+            format!("{pool}/{}", r.image)
+        })
+        .unwrap_or_default();
+    (claim, image)
+}
+
 /// The admin credentials a PV records: the provisioner's deletion-secret annotations (and
 /// `provisioner.ceph.com/admin-id`, default `admin`). `None` when it records none.
 pub fn recorded_admin(pv: &PersistentVolume) -> Option<AdminAccess> {
