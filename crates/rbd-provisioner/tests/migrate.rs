@@ -283,6 +283,17 @@ async fn no_step_of_a_migration_deletes_an_image_and_every_crash_converges() {
         volumes.push(legacy_volume(&h, &format!("crash-{i}"), 16, "16Mi", |_| {}).await);
     }
     let bystander = legacy_volume(&h, "bystander", 16, "16Mi", |_| {}).await;
+    // our provisioner runs meanwhile, with its PV finalizer: it must neither delete an image
+    // nor hold the old PV object
+    let _p = h.spawn(
+        &[
+            "--leader-elect=false",
+            "--add-finalizer",
+            "--retry-interval-start=200ms",
+            "--retry-interval-max=2s",
+        ],
+        &[],
+    );
     let before: BTreeSet<String> = volumes
         .iter()
         .chain([&bystander])
