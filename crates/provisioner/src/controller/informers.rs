@@ -1,21 +1,43 @@
 //! Reflectors for claims, volumes and classes, and the rules for what to queue.
+//!
+//! The reflector stores keep only what decisions read: every watched object loses its
+//! `metadata.managedFields` (field ownership, often the largest part of an object on a real API
+//! server, several entries per object) and the `kubectl.kubernetes.io/last-applied-configuration`
+//! annotation (a full JSON copy of the object as applied) before it is stored. No decision,
+//! backend or write of ours reads either: writes are patches, never a PUT of a cached object.
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::Api;
 use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
 
 use super::{Shared, Work, lock};
 use crate::{ownership, pv};
+
+/// The annotation `kubectl apply` keeps: the whole object as last applied.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no decision reads before an object is cached (see the module doc).
+fn strip<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
 
 pub(super) async fn watch_claims(shared: Arc<Shared>, writer: Writer<PersistentVolumeClaim>) {
     let api: Api<PersistentVolumeClaim> = Api::all(shared.client.clone());
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(strip)
         .reflect(writer);
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
@@ -34,6 +56,7 @@ pub(super) async fn watch_volumes(shared: Arc<Shared>, writer: Writer<Persistent
     let api: Api<PersistentVolume> = Api::all(shared.client.clone());
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(strip)
         .reflect(writer);
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
@@ -51,6 +74,7 @@ pub(super) async fn watch_classes(shared: Arc<Shared>, writer: Writer<StorageCla
     let api: Api<StorageClass> = Api::all(shared.client.clone());
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(strip)
         .reflect(writer);
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
@@ -79,7 +103,9 @@ fn claim_changed(shared: &Shared, claim: &PersistentVolumeClaim) {
     let Some(uid) = claim.metadata.uid.clone() else {
         return;
     };
-    let reference = ObjectRef::from_obj(claim);
+    // name and namespace only: lookups ignore the uid and resourceVersion `from_obj` would copy
+    let reference =
+        ObjectRef::new(&claim.name_any()).within(&claim.namespace().unwrap_or_default());
     lock(&shared.claim_index).insert(uid.clone(), reference);
     let bound = claim
         .spec
@@ -119,5 +145,54 @@ fn volume_changed(shared: &Shared, volume: &PersistentVolume) {
         && lock(&shared.claim_index).contains_key(&uid)
     {
         shared.queue.add(Work::Resize(uid));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn stored_objects_lose_managed_fields_and_the_last_applied_copy_only() {
+        let mut claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {
+                "name": "c", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                "labels": {"app": "db"},
+                "annotations": {
+                    LAST_APPLIED: "{\"apiVersion\":\"v1\"}",
+                    "volume.kubernetes.io/storage-provisioner": "ceph.com/rbd",
+                    "volume.kubernetes.io/selected-node": "node1"
+                },
+                "finalizers": ["kubernetes.io/pvc-protection"],
+                "managedFields": [{"manager": "kubectl", "operation": "Apply", "apiVersion": "v1",
+                                   "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]
+            },
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                     "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Pending"}
+        }))
+        .unwrap();
+        let mut expected = serde_json::to_value(&claim).unwrap();
+        expected["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        expected["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove(LAST_APPLIED);
+        strip(&mut claim);
+        assert_eq!(serde_json::to_value(&claim).unwrap(), expected);
+
+        // an object whose only annotation was the applied copy keeps no empty map
+        let mut class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": "fast", "annotations": {LAST_APPLIED: "{}"}},
+            "provisioner": "ceph.com/rbd", "parameters": {"pool": "rbd"}
+        }))
+        .unwrap();
+        strip(&mut class);
+        assert_eq!(class.metadata.annotations, None);
+        assert_eq!(class.provisioner, "ceph.com/rbd");
     }
 }
