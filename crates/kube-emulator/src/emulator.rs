@@ -63,11 +63,15 @@ impl Shared {
 struct Inner {
     shared: Arc<Shared>,
     controller: Option<tokio::task::AbortHandle>,
+    snapshot_controller: Option<tokio::task::AbortHandle>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(c) = &self.controller {
+        for c in [&self.controller, &self.snapshot_controller]
+            .into_iter()
+            .flatten()
+        {
             c.abort();
         }
     }
@@ -89,6 +93,7 @@ impl std::fmt::Debug for Emulator {
 #[derive(Debug, Clone)]
 pub struct EmulatorBuilder {
     pv_controller: bool,
+    snapshot_controller: bool,
     watch_history: usize,
     resync_period: Duration,
     record_requests: bool,
@@ -99,6 +104,7 @@ impl Default for EmulatorBuilder {
     fn default() -> Self {
         EmulatorBuilder {
             pv_controller: true,
+            snapshot_controller: true,
             watch_history: DEFAULT_WATCH_HISTORY,
             resync_period: Duration::from_secs(15),
             record_requests: false,
@@ -112,6 +118,14 @@ impl EmulatorBuilder {
     /// Default: on.
     pub fn pv_controller(mut self, on: bool) -> Self {
         self.pv_controller = on;
+        self
+    }
+
+    /// Runs the snapshot-controller slice (VolumeSnapshot -> VolumeSnapshotContent binding and
+    /// status, protection finalizers, deletion by policy; see the README). It acts only once the
+    /// `snapshot.storage.k8s.io` CRDs are created. Default: on.
+    pub fn snapshot_controller(mut self, on: bool) -> Self {
+        self.snapshot_controller = on;
         self
     }
 
@@ -169,6 +183,11 @@ impl EmulatorBuilder {
             ))
             .abort_handle()
         });
+        let snapshot_controller = self.snapshot_controller.then(|| {
+            let rx = store.subscribe();
+            tokio::spawn(crate::snapshots::run(store.clone(), rx, self.resync_period))
+                .abort_handle()
+        });
         let shared = Arc::new(Shared {
             faults: Faults::new(store.clone()),
             store,
@@ -176,7 +195,11 @@ impl EmulatorBuilder {
             log: self.record_requests.then(|| Mutex::new(Vec::new())),
         });
         Emulator {
-            inner: Arc::new(Inner { shared, controller }),
+            inner: Arc::new(Inner {
+                shared,
+                controller,
+                snapshot_controller,
+            }),
         }
     }
 }

@@ -26,6 +26,7 @@ mod resources;
 mod schema;
 mod selectors;
 mod server;
+mod snapshots;
 mod ssa;
 mod status;
 mod store;
