@@ -414,6 +414,7 @@ pub async fn delete(
                 return Ok(Deleted::Removed);
             }
             Ok(Err(reason)) => {
+                // `check` stores the owner it refuses; its description is the fallback
                 let owner = foreign
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
