@@ -40,7 +40,8 @@ impl fmt::Display for Secret {
 
 /// Default bound for establishing a connection (mon session + cephx).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default bound for one operation (also librados' mon/osd op timeouts).
+/// Default bound on waiting for one operation (also librados' monitor command timeout; OSD ops
+/// get no librados timeout, see `Cluster::run`).
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything needed to talk to a cluster; no ceph.conf and no keyring file are read or written.

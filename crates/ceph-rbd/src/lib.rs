@@ -13,7 +13,9 @@
 //!
 //! * [`ConnectionPool`] shares one connection per (monitors, user, key) and replaces broken ones.
 //! * [`Cluster`] is the async API; every call runs on tokio's blocking pool, in a tracing span,
-//!   bounded by the operation timeout (also handed to librados as its mon/osd op timeouts).
+//!   and the caller waits at most the operation timeout + 2 s (librados gets it as its monitor
+//!   command timeout; OSD ops get none, librbd does not survive one: a stuck call finishes in the
+//!   background, at most 64 per connection).
 //! * [`Error`] is typed (not found, exists, in use with watcher addresses, permission, timeout...)
 //!   and names the operation and the pool/image, never the key.
 //! * All `unsafe` code lives in the private `raw` module.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use support::{Harness, Process, claim_names, unique_prefix};
 
 const MIB: u64 = 1 << 20;
-/// `--command-timeout`: librados op timeout; the backstop is 2 s later.
+/// `--command-timeout`: how long a Ceph call is waited for (+2 s).
 const OP_TIMEOUT_SECS: u64 = 2;
 /// Tolerance on threads and fds after recovery (see RELIABILITY.md): tokio's blocking pool
 /// grows while calls are stuck and keeps idle threads for 10 s, and a sample may land while an
