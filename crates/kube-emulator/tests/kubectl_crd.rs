@@ -308,7 +308,13 @@ fn kubectl_applies_the_snapshot_crds_and_their_objects() {
         None,
     );
     assert!(out.contains("deleted"), "{out}");
-    let crds = srv.ok(&["get", "crd", "-o", "name"], None);
+    let crds = srv.ok(&["get", "crd"], None);
+    let header: Vec<&str> = crds.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "CREATED", "AT"], "{crds}");
+    assert!(
+        crds.contains("volumesnapshotclasses.snapshot.storage.k8s.io"),
+        "{crds}"
+    );
     assert!(!crds.contains("volumesnapshots."), "{crds}");
     let (ok, _, _) = srv.kubectl(
         &[

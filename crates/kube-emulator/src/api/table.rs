@@ -106,6 +106,13 @@ fn columns_and_cells(res: &ResourceInfo, obj: &Value) -> (Columns, Vec<Value>) {
                 ],
             )
         }
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => (
+            vec![("Name", "string"), ("Created At", "date")],
+            vec![
+                name,
+                json!(meta_str(obj, "creationTimestamp").unwrap_or_default()),
+            ],
+        ),
         ("storage.k8s.io", "StorageClass") => (
             vec![
                 ("Name", "string"),
