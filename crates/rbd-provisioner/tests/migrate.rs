@@ -268,6 +268,10 @@ async fn assert_migrated(h: &Harness, l: &Legacy) -> PersistentVolume {
     let records: Api<ConfigMap> = Api::namespaced(h.client.clone(), ADMIN_SECRET_NS);
     let record = records.get(&format!("rbd-migrate-{}", l.pv)).await.unwrap();
     let data = record.data.unwrap();
+    // the record holds the original PV: secret references, never a key
+    assert!(data.values().all(|v| !v.contains(&h.ceph.admin_key)));
+    let original: PersistentVolume = serde_json::from_str(&data["pv"]).unwrap();
+    assert!(original.spec.unwrap().rbd.is_some());
     assert_eq!(data["state"], "done");
     assert_eq!(data["reclaimPolicy"], "Delete");
     pv
