@@ -99,6 +99,24 @@ pub fn create_params(
             "parameters.monitors is required (no default monitors configured)",
         ));
     }
+    // the node validates the same values when it stages the volume: refuse them here already,
+    // before an image is made for a volume no node could use
+    let invalid = Status::invalid_argument;
+    crate::validate::monitors("parameters.monitors", &params.monitors).map_err(invalid)?;
+    if params.monitors.contains('/') {
+        // volume IDs are `v1/<monitors>/<pool>/<image>`
+        return Err(invalid(format!(
+            "parameters.monitors {:?} may not contain '/' (give host[:port] addresses)",
+            params.monitors
+        )));
+    }
+    crate::validate::pool("parameters.pool", &params.pool).map_err(invalid)?;
+    if let Some(data_pool) = &params.data_pool {
+        crate::validate::pool("parameters.dataPool", data_pool).map_err(invalid)?;
+    }
+    if let Some(user) = &params.node_user {
+        crate::validate::user("parameters.userID", user).map_err(invalid)?;
+    }
     if let (Some(ns), Some(name)) = (claim_namespace, claim_name) {
         params.claim = Some(format!("{ns}/{name}"));
     }
@@ -170,6 +188,26 @@ mod tests {
         assert!(err.message().contains("monitors"));
         assert!(create_params(&map(&[("mounter", "iscsi")]), Some("m")).is_err());
         assert!(create_params(&map(&[("csi.storage.k8s.io/fstype", "zfs")]), Some("m")).is_err());
+    }
+
+    /// What the node would refuse at stage is refused at create, naming the parameter.
+    #[test]
+    fn unsafe_pool_user_and_monitors_are_rejected_at_create() {
+        for (key, value) in [
+            ("pool", "../etc"),
+            ("dataPool", "a b"),
+            ("userID", "admin\nkey = x"),
+            ("monitors", "10.0.0.1:6789\n[global]"),
+            ("monitors", "v2:10.0.0.1:3300/0"),
+        ] {
+            let err = create_params(&map(&[(key, value)]), Some("m:1")).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{key}={value:?}");
+            assert!(
+                err.message().contains(&format!("parameters.{key}")),
+                "{key}={value:?}: {}",
+                err.message()
+            );
+        }
     }
 
     #[test]
