@@ -375,6 +375,39 @@ mod tests {
         );
     }
 
+    fn parse(args: &[&str]) -> Result<MigrateArgs, String> {
+        use clap::Parser;
+        let argv = std::iter::once("rbd-provisioner")
+            .chain(std::iter::once("migrate"))
+            .chain(args.iter().copied());
+        match crate::cli::Cli::try_parse_from(argv) {
+            Ok(crate::cli::Cli {
+                command: Some(crate::cli::Command::Migrate(a)),
+                ..
+            }) => Ok(a),
+            Ok(_) => Err("not migrate".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn the_command_line_needs_a_selection() {
+        let a = parse(&["--all", "--dry-run", "-o", "json"]).unwrap();
+        assert!(a.all && a.dry_run && a.output == Output::Json);
+        assert_eq!(a.record_namespace, "kube-system");
+        assert_eq!(a.csi_driver_name, rbd_csi::DEFAULT_DRIVER_NAME);
+        let a = parse(&["--pv", "a", "--pv", "b", "--kubeconfig", "/k"]).unwrap();
+        assert_eq!(a.pv, ["a", "b"]);
+        assert_eq!(
+            a.kube.kubeconfig.as_deref(),
+            Some(std::path::Path::new("/k"))
+        );
+        let e = parse(&["--dry-run"]).unwrap_err();
+        assert!(e.contains("--all") && e.contains("--pv"), "{e}");
+        let e = parse(&["--all", "--pv", "a"]).unwrap_err();
+        assert!(e.contains("cannot be used with"), "{e}");
+    }
+
     #[test]
     fn the_table_has_a_line_per_pv_and_errors_fail_the_run() {
         let mut refused = Row::new("pvc-2", Outcome::Refused, "secret default/x not found");
