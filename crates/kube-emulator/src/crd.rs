@@ -36,6 +36,8 @@ pub(crate) use schema::{decode_custom, validate_custom};
 
 /// Storage key of CRD objects.
 pub(crate) const CRDS: &str = "customresourcedefinitions";
+/// The annotation CRDs of `*.k8s.io` and `*.kubernetes.io` groups need.
+const API_APPROVED: &str = "api-approved.kubernetes.io";
 /// The finalizer kube-apiserver puts on every CRD.
 pub(crate) const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
 
@@ -128,7 +130,8 @@ fn intern(d: Described) -> &'static ResourceInfo {
         storage: leak(&d.storage),
         view: View::Native,
         storage_version_hash: "",
-        allow_unconditional_update: true,
+        // customResourceStrategy.AllowUnconditionalUpdate is false.
+        allow_unconditional_update: false,
         custom: Some(Box::leak(Box::new(d.custom))),
     }));
     interned.push(info);
@@ -512,6 +515,29 @@ pub(crate) fn validate_crd(obj: &Value, old: Option<&Value>) -> Result<(), ApiEr
                     "schemas are required",
                 ));
             }
+        }
+    }
+    let protected = |g: &str| {
+        g == "k8s.io"
+            || g.ends_with(".k8s.io")
+            || g == "kubernetes.io"
+            || g.ends_with(".kubernetes.io")
+    };
+    if protected(group) {
+        let field = format!("metadata.annotations[{API_APPROVED}]");
+        match util::annotation(obj, API_APPROVED) {
+            None => causes.push(Cause::required(
+                &field,
+                &format!("protected groups must have approval annotation \"{API_APPROVED}\", see https://github.com/kubernetes/enhancements/pull/1111"),
+            )),
+            Some(v) if !(v.starts_with("unapproved") || v.starts_with("https://") || v.starts_with("http://")) => {
+                causes.push(Cause::invalid(
+                    &field,
+                    &format!("\"{v}\""),
+                    &format!("protected groups must have approval annotation \"{API_APPROVED}\" with either a URL or a reason starting with \"unapproved\", see https://github.com/kubernetes/enhancements/pull/1111"),
+                ))
+            }
+            Some(_) => {}
         }
     }
     if let Some(old) = old {

@@ -212,6 +212,7 @@ pub(crate) static RESOURCES: &[ResourceInfo] = &[
     },
     ResourceInfo {
         categories: &["api-extensions"],
+        allow_unconditional_update: false,
         ..res!(
             "apiextensions.k8s.io",
             "customresourcedefinitions",

@@ -354,11 +354,12 @@ async fn status_subresource_isolates_spec_and_status() {
         .patch_status(
             "c1",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"deletionPolicy": "Retain"}, "status": {"readyToUse": true, "restoreSize": 1024}})),
+            &Patch::Merge(json!({"metadata": {"labels": {"from": "status"}}, "spec": {"deletionPolicy": "Retain"}, "status": {"readyToUse": true, "restoreSize": 1024}})),
         )
         .await
         .unwrap();
     assert_eq!(st.data["spec"]["deletionPolicy"], "Delete");
+    assert_eq!(st.metadata.labels, None, "a CR status write keeps metadata");
     assert_eq!(st.data["status"]["readyToUse"], true);
     assert_eq!(st.metadata.generation, Some(1));
     // ...and a main-resource write does not change status.
@@ -388,6 +389,19 @@ async fn status_subresource_isolates_spec_and_status() {
             .contains("status.restoreSize in body should be greater than or equal to 0"),
         "{}",
         e.message
+    );
+    // A PUT must carry a resourceVersion (no unconditional updates of custom resources).
+    let mut unconditional = api.get("c1").await.unwrap();
+    unconditional.metadata.resource_version = None;
+    let e = api_err(
+        api.replace("c1", &PostParams::default(), &unconditional)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 422);
+    assert_eq!(
+        e.message,
+        "volumesnapshotcontents.snapshot.storage.k8s.io \"c1\" is invalid: metadata.resourceVersion: Invalid value: 0: must be specified for an update"
     );
     // A stale resourceVersion is a 409 like for built-ins.
     let mut stale = created.clone();
@@ -617,4 +631,79 @@ async fn namespace_deletion_removes_namespaced_custom_resources() {
             .items
             .is_empty()
     );
+}
+
+#[tokio::test]
+async fn crd_validation_errors() {
+    let emu = Emulator::builder().pv_controller(false).build();
+    let crds: Api<CustomResourceDefinition> = Api::all(emu.client());
+    let mut crd: Value = serde_yaml::from_str(CRD_FILES[0]).unwrap();
+    // Protected groups need the approval annotation.
+    crd["metadata"]["annotations"] = json!({});
+    let typed: CustomResourceDefinition = serde_json::from_value(crd.clone()).unwrap();
+    let e = api_err(
+        crds.create(&PostParams::default(), &typed)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 422);
+    assert_eq!(
+        e.message,
+        "CustomResourceDefinition.apiextensions.k8s.io \"volumesnapshotclasses.snapshot.storage.k8s.io\" is invalid: metadata.annotations[api-approved.kubernetes.io]: Required value: protected groups must have approval annotation \"api-approved.kubernetes.io\", see https://github.com/kubernetes/enhancements/pull/1111"
+    );
+    // The name must be <plural>.<group>; one storage version.
+    crd["metadata"]["annotations"] = json!({"api-approved.kubernetes.io": "unapproved, testing"});
+    crd["metadata"]["name"] = json!("classes.snapshot.storage.k8s.io");
+    crd["spec"]["versions"][0]["storage"] = json!(false);
+    let typed: CustomResourceDefinition = serde_json::from_value(crd.clone()).unwrap();
+    let e = api_err(
+        crds.create(&PostParams::default(), &typed)
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        e.message.contains(
+            "metadata.name: Invalid value: \"classes.snapshot.storage.k8s.io\": must be spec.names.plural+\".\"+spec.group"
+        ),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message
+            .contains("must have exactly one version marked as storage version"),
+        "{}",
+        e.message
+    );
+    // Fixed, it is accepted, and the group is immutable afterwards.
+    crd["metadata"]["name"] = json!("volumesnapshotclasses.snapshot.storage.k8s.io");
+    crd["spec"]["versions"][0]["storage"] = json!(true);
+    let typed: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
+    let created = crds.create(&PostParams::default(), &typed).await.unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+    let e = api_err(
+        crds.patch(
+            "volumesnapshotclasses.snapshot.storage.k8s.io",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"group": "other.example.com"}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert!(e.message.contains("spec.group"), "{}", e.message);
+    // A spec change bumps the CRD's generation and shows up in discovery.
+    let patched = crds
+        .patch(
+            "volumesnapshotclasses.snapshot.storage.k8s.io",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"names": {"shortNames": ["vsc2"]}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.generation, Some(2));
+    let accepted =
+        serde_json::to_value(patched.status.unwrap()).unwrap()["acceptedNames"]["shortNames"]
+            .clone();
+    assert_eq!(accepted, json!(["vsc2"]));
+    let legacy = raw(&emu, "GET", "/apis/snapshot.storage.k8s.io/v1", None, "").await;
+    assert_eq!(legacy.body["resources"][0]["shortNames"], json!(["vsc2"]));
 }

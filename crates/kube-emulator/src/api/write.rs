@@ -205,7 +205,10 @@ fn compose_update(
                 None => m.remove("status"),
             };
         }
-        if let Some(meta) = util::obj_mut(&mut next, "metadata") {
+        // Custom resources keep all of the old object but status (customResourceStatusStrategy).
+        if s_res.custom.is_none()
+            && let Some(meta) = util::obj_mut(&mut next, "metadata")
+        {
             for f in ["labels", "annotations"] {
                 match new.pointer(&format!("/metadata/{f}")) {
                     Some(v) => meta.insert(f.into(), v.clone()),
