@@ -707,3 +707,23 @@ async fn crd_validation_errors() {
     let legacy = raw(&emu, "GET", "/apis/snapshot.storage.k8s.io/v1", None, "").await;
     assert_eq!(legacy.body["resources"][0]["shortNames"], json!(["vsc2"]));
 }
+
+#[tokio::test]
+async fn custom_resources_answer_json_to_protobuf_clients() {
+    let emu = Emulator::builder().pv_controller(false).build();
+    install_crds(&emu).await;
+    for path in [
+        "/apis/snapshot.storage.k8s.io/v1/volumesnapshotclasses",
+        "/apis/snapshot.storage.k8s.io/v1/volumesnapshotclasses/missing",
+    ] {
+        let req = http::Request::get(path)
+            .header(
+                "accept",
+                "application/vnd.kubernetes.protobuf,application/json",
+            )
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let resp = tower::ServiceExt::oneshot(emu.router(), req).await.unwrap();
+        assert_eq!(resp.headers()["content-type"], "application/json", "{path}");
+    }
+}

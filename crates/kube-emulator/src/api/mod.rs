@@ -177,7 +177,10 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         .headers()
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(protobuf::prefers_protobuf);
+        .is_some_and(protobuf::prefers_protobuf)
+        // Custom resources are never served as protobuf, their errors included.
+        && parse_target(req.uri().path(), &shared.store.crds)
+            .map_or(true, |t| t.res.custom.is_none());
     let resp = route(shared, req).await;
     if protobuf {
         protobuf::answer(resp).await
