@@ -10,6 +10,9 @@ const SECRET_CARRIERS: &[&str] = &[
     "NodeStageVolumeRequest",
     "NodePublishVolumeRequest",
     "NodeExpandVolumeRequest",
+    "CreateSnapshotRequest",
+    "DeleteSnapshotRequest",
+    "ListSnapshotsRequest",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

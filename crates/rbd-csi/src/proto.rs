@@ -80,6 +80,18 @@ redacted_debug!(NodeExpandVolumeRequest {
     staging_target_path,
     volume_capability,
 });
+redacted_debug!(CreateSnapshotRequest {
+    source_volume_id,
+    name,
+    parameters,
+});
+redacted_debug!(DeleteSnapshotRequest { snapshot_id });
+redacted_debug!(ListSnapshotsRequest {
+    max_entries,
+    starting_token,
+    source_volume_id,
+    snapshot_id,
+});
 
 #[cfg(test)]
 mod tests {
@@ -109,5 +121,11 @@ mod tests {
             ..Default::default()
         };
         assert!(!format!("{create:?}").contains("AQBsecret"));
+        let snapshot = csi::CreateSnapshotRequest {
+            name: "snapshot-1".into(),
+            secrets: create.secrets.clone(),
+            ..Default::default()
+        };
+        assert!(!format!("{snapshot:?}").contains("AQBsecret"));
     }
 }

@@ -187,6 +187,9 @@ fn upstream_csi_sanity_passes_on_micro_ceph_with_the_fuse_mapper() {
         "ControllerExpandVolumeSecret",
         "NodeStageVolumeSecret",
         "NodeExpandVolumeSecret",
+        "CreateSnapshotSecret",
+        "DeleteSnapshotSecret",
+        "ListSnapshotsSecret",
     ]
     .iter()
     .map(|kind| format!("{kind}:\n{secret}"))

@@ -15,7 +15,9 @@
 //! - [`owner`]: the owner record kept in image metadata (`provisioner.ceph.com/{pv,claim,provisioner}`);
 //! - [`lifecycle`]: create (and repair a half-created image), grow, delete with the owner and
 //!   watcher checks, with crash-point [`Hooks`] the binary passes in;
-//! - [`size`]: size limits in bytes.
+//! - [`size`]: size limits in bytes;
+//! - [`snapshot`]: snapshots (clone-v2 snapshot images `csi-snap-...`), restores and volume
+//!   clones, deletes that keep dependents working, chain depth bounded by flattening.
 //!
 //! Pure decisions are plain functions with unit tests; the I/O is the `ceph_rbd::Cluster` calls
 //! in [`lifecycle`]. Nothing here knows Kubernetes or gRPC: each front door maps [`Error`] to its
@@ -26,6 +28,7 @@ pub mod lifecycle;
 pub mod naming;
 pub mod owner;
 pub mod size;
+pub mod snapshot;
 
 pub use id::{MAX_VOLUME_ID_LEN, VolumeId};
 pub use lifecycle::{
@@ -34,3 +37,8 @@ pub use lifecycle::{
 };
 pub use naming::{DEFAULT_PREFIX, Naming, hex, is_safe_image_name, request_image_name};
 pub use owner::{META_CLAIM, META_PROVISIONER, META_PV, Owner, Ownership, ownership};
+pub use snapshot::{
+    MAX_CHAIN_DEPTH, NewClone, NewSnapshot, Snapshot, SnapshotDeleted, SnapshotError, SnapshotId,
+    SnapshotOwner, Source, clone_volume, create_snapshot, delete_snapshot, delete_volume,
+    find_snapshot, list_snapshots, purge_trash, snapshot_image_name,
+};

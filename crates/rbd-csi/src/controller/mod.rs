@@ -14,9 +14,18 @@
 //! `DeleteVolume` refuses (`FAILED_PRECONDITION`) an image whose owner record names a volume it is
 //! not the image of. Calls for one volume (or one request name) are serialised: a concurrent
 //! second call gets ABORTED.
+//!
+//! **Snapshots and clones** (`CreateSnapshot`, `DeleteSnapshot`, `ListSnapshots`, `CreateVolume`
+//! from a snapshot or a volume) are the volume core's [`rbd_volume::snapshot`]: clone-v2 snapshot
+//! images, deletes that never break dependents, clone chains flattened past
+//! [`rbd_volume::MAX_CHAIN_DEPTH`] parents.
 
 mod params;
+mod snapshots;
 mod volumes;
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +40,9 @@ use crate::proto::csi::{self, controller_server::Controller, controller_service_
 
 pub use params::{CreateParams, create_params, credentials};
 
+/// The pool `CreateVolume` uses when its parameters name none.
+const DEFAULT_POOL: &str = "rbd";
+
 pub use rbd_volume::owner::{META_CLAIM, META_PROVISIONER, META_PV};
 
 /// The Controller service.
@@ -44,6 +56,8 @@ pub struct ControllerService {
     locks: VolumeLocks,
     /// Called at the volume core's steps (none by default).
     hooks: rbd_volume::Hooks,
+    /// Pools this controller has served volumes or snapshots in (listing all snapshots).
+    pools: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl std::fmt::Debug for ControllerService {
@@ -66,7 +80,26 @@ impl ControllerService {
             capacity_cluster: config.probe.clone(),
             locks: VolumeLocks::new(),
             hooks: rbd_volume::Hooks::default(),
+            pools: Arc::new(Mutex::new(BTreeSet::from([DEFAULT_POOL.to_owned()]))),
         }
+    }
+
+    /// Notes a pool volumes or snapshots live in, for listing all snapshots.
+    fn remember_pool(&self, pool: &str) {
+        self.pools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(pool.to_owned());
+    }
+
+    /// The pools [`ControllerService::remember_pool`] noted, and `rbd`.
+    fn known_pools(&self) -> Vec<String> {
+        self.pools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// The same controller calling `hooks` at the volume core's steps (crash-point tests).
@@ -230,6 +263,9 @@ impl Controller for ControllerService {
                 Type::CreateDeleteVolume,
                 Type::ExpandVolume,
                 Type::GetCapacity,
+                Type::CreateDeleteSnapshot,
+                Type::ListSnapshots,
+                Type::CloneVolume,
             ]
             .into_iter()
             .map(rpc_capability)
@@ -243,6 +279,32 @@ impl Controller for ControllerService {
     ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
         Ok(Response::new(
             volumes::expand(self, request.into_inner()).await?,
+        ))
+    }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        Ok(Response::new(
+            snapshots::create(self, request.into_inner()).await?,
+        ))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        snapshots::delete(self, request.into_inner()).await?;
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        Ok(Response::new(
+            snapshots::list(self, request.into_inner()).await?,
         ))
     }
 }

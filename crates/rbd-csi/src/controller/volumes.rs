@@ -3,10 +3,11 @@
 use std::collections::HashMap;
 
 use ceph_rbd::{CreateOptions, Features};
-use rbd_volume::{Claimant, Fit, NewImage, Owner};
+use rbd_volume::{Claimant, Fit, NewClone, NewImage, Owner, SnapshotId, Source};
 use tonic::Status;
 
 use super::params::{create_params, credentials};
+use super::snapshots::snapshot_status;
 use super::{ControllerService, ceph_status, volume_status};
 use crate::node::request::access;
 use crate::proto::csi;
@@ -28,17 +29,60 @@ fn check_capabilities(caps: &[csi::VolumeCapability]) -> Result<(), Status> {
     Ok(())
 }
 
+/// A parsed `volume_content_source`.
+struct ContentSource {
+    /// The snapshot or volume ID as given (recorded on the new volume).
+    id: String,
+    source: Content,
+}
+
+enum Content {
+    Snapshot(SnapshotId),
+    Volume(VolumeId),
+}
+
+/// The content source, if any; an ID that is not one of ours cannot exist: `NOT_FOUND`.
+fn content_source(
+    source: Option<&csi::VolumeContentSource>,
+) -> Result<Option<ContentSource>, Status> {
+    use csi::volume_content_source::Type;
+    let Some(source) = source else {
+        return Ok(None);
+    };
+    match &source.r#type {
+        Some(Type::Snapshot(s)) => {
+            let id = require(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?;
+            let parsed = SnapshotId::parse(id).map_err(|e| {
+                Status::not_found(format!("volume_content_source.snapshot.snapshot_id: {e}"))
+            })?;
+            Ok(Some(ContentSource {
+                id: id.to_owned(),
+                source: Content::Snapshot(parsed),
+            }))
+        }
+        Some(Type::Volume(v)) => {
+            let id = require(&v.volume_id, "volume_content_source.volume.volume_id")?;
+            let parsed = VolumeId::parse(id).map_err(|e| {
+                Status::not_found(format!("volume_content_source.volume.volume_id: {e}"))
+            })?;
+            Ok(Some(ContentSource {
+                id: id.to_owned(),
+                source: Content::Volume(parsed),
+            }))
+        }
+        None => Err(Status::invalid_argument(
+            "volume_content_source.type is required (snapshot or volume)",
+        )),
+    }
+}
+
 pub(super) async fn create(
     ctl: &ControllerService,
     req: csi::CreateVolumeRequest,
 ) -> Result<csi::CreateVolumeResponse, Status> {
     let name = require(&req.name, "name")?;
     check_capabilities(&req.volume_capabilities)?;
-    if req.volume_content_source.is_some() {
-        return Err(Status::invalid_argument(
-            "volume_content_source (snapshots, clones) is not supported",
-        ));
-    }
+    let content = content_source(req.volume_content_source.as_ref())?;
     let params = create_params(&req.parameters, ctl.default_monitors.as_deref())?;
     let (user, key) = credentials(&req.secrets)?;
     let (required, limit) = req
@@ -81,9 +125,38 @@ pub(super) async fn create(
         owner: &owner,
         fit,
     };
-    let ensured = rbd_volume::ensure(&cluster, &new, &ctl.hooks)
-        .await
-        .map_err(volume_status)?;
+    ctl.remember_pool(&params.pool);
+    let ensured = match &content {
+        None => rbd_volume::ensure(&cluster, &new, &ctl.hooks)
+            .await
+            .map_err(volume_status)?,
+        Some(content) => {
+            let source = match &content.source {
+                Content::Snapshot(id) => Source::Snapshot {
+                    pool: &id.pool,
+                    image: &id.image,
+                },
+                Content::Volume(id) => Source::Volume {
+                    pool: &id.pool,
+                    image: &id.image,
+                },
+            };
+            let clone = NewClone {
+                pool: &params.pool,
+                image: &image,
+                size,
+                options: &options,
+                owner: &owner,
+                fit,
+                source,
+                source_id: &content.id,
+                driver: &ctl.driver_name,
+            };
+            rbd_volume::clone_volume(&cluster, &clone)
+                .await
+                .map_err(snapshot_status)?
+        }
+    };
     let capacity = ensured.size;
 
     let mut volume_context = HashMap::from([
@@ -102,7 +175,7 @@ pub(super) async fn create(
             capacity_bytes: to_i64(capacity),
             volume_id,
             volume_context,
-            content_source: None,
+            content_source: req.volume_content_source,
             accessible_topology: Vec::new(),
         }),
     })
@@ -125,7 +198,8 @@ pub(super) async fn delete(
     let _guard = ctl.locks.lock_or_abort(volume_id)?;
     let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
     // The ID names only the image: its owner record must name a volume this is the image of.
-    rbd_volume::delete(&cluster, &id.pool, &id.image, &Claimant::Image, &ctl.hooks)
+    // Snapshots and clones of it are detached first (they keep working).
+    rbd_volume::delete_volume(&cluster, &id.pool, &id.image, &Claimant::Image, &ctl.hooks)
         .await
         .map_err(volume_status)?;
     tracing::info!(volume_id, "volume deleted");

@@ -1,0 +1,230 @@
+//! `CreateSnapshot`, `DeleteSnapshot`, `ListSnapshots`: CSI translated onto the volume core's
+//! snapshots ([`rbd_volume::snapshot`]).
+//!
+//! **Snapshot ID** `s1/<monitors>/<pool>/csi-snap-<32 hex>` ([`SnapshotId`]): the snapshot image
+//! is named after the SHA-256 of the request name, in the source volume's pool, so a retried
+//! `CreateSnapshot` finds it and the ID alone (with the call's secrets) locates it.
+//!
+//! **Listing** reads the snapshot images' records: by ID (one image), by source volume (the
+//! snapshot images of the source's pool), or all (the snapshot images of every pool this
+//! controller has served since it started, plus `rbd`: Ceph 16's librbd offers us no pool list
+//! without the `ceph-rbd` crate growing one). Entries are ordered by snapshot ID and the
+//! `next_token` is the last ID returned, so a page continues after it even when it (or any
+//! other snapshot) was deleted between pages.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rbd_volume::snapshot::{self, Snapshot, SnapshotError, SnapshotId, SnapshotOwner};
+use tonic::Status;
+
+use super::params::credentials;
+use super::{ControllerService, volume_status};
+use crate::proto::csi;
+use crate::status::require;
+use crate::volume::VolumeId;
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Maps a snapshot error to its CSI code.
+#[allow(clippy::needless_pass_by_value)]
+pub(super) fn snapshot_status(e: SnapshotError) -> Status {
+    match e {
+        SnapshotError::Volume(e) => volume_status(e),
+        SnapshotError::OtherSnapshot { .. } | SnapshotError::OtherContent { .. } => {
+            Status::already_exists(e.to_string())
+        }
+        SnapshotError::NotFound(_) => Status::not_found(e.to_string()),
+        SnapshotError::TooSmall { .. } => Status::out_of_range(e.to_string()),
+    }
+}
+
+/// User and key from the call's secrets; without any, the controller's own (`probe`)
+/// credentials, as external-snapshotter calls without secrets unless the class names some.
+pub(super) fn snapshot_credentials(
+    ctl: &ControllerService,
+    secrets: &HashMap<String, String>,
+) -> Result<(String, String), Status> {
+    match (&ctl.capacity_cluster, secrets.is_empty()) {
+        (Some(probe), true) => Ok((probe.user.clone(), probe.key.clone())),
+        _ => credentials(secrets),
+    }
+}
+
+fn entry(monitors: &str, snap: &Snapshot) -> Result<csi::Snapshot, Status> {
+    let snapshot_id = SnapshotId::new(monitors, &snap.pool, &snap.image)
+        .encode()
+        .map_err(Status::internal)?;
+    let since = snap
+        .created
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Ok(csi::Snapshot {
+        size_bytes: to_i64(snap.size),
+        snapshot_id,
+        source_volume_id: snap.owner.source.clone(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(since.subsec_nanos()).unwrap_or(0),
+        }),
+        ready_to_use: true,
+        group_snapshot_id: String::new(),
+    })
+}
+
+pub(super) async fn create(
+    ctl: &ControllerService,
+    req: csi::CreateSnapshotRequest,
+) -> Result<csi::CreateSnapshotResponse, Status> {
+    let name = require(&req.name, "name")?;
+    let source_id = require(&req.source_volume_id, "source_volume_id")?;
+    for key in req.parameters.keys() {
+        if !key.starts_with("csi.storage.k8s.io/") {
+            return Err(Status::invalid_argument(format!(
+                "unknown parameter {key:?} (snapshots take no parameters besides csi.storage.k8s.io/*)"
+            )));
+        }
+    }
+    let source = VolumeId::parse(source_id)
+        .map_err(|e| Status::not_found(format!("source_volume_id: {e}")))?;
+    let image = snapshot::snapshot_image_name(name);
+    let snapshot_id = SnapshotId::new(&source.monitors, &source.pool, &image)
+        .encode()
+        .map_err(|e| Status::invalid_argument(format!("source_volume_id: {e}")))?;
+    let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
+    let _guard = ctl.locks.lock_or_abort(&format!("snapshot:{name}"))?;
+    let cluster = ctl.cluster(&source.monitors, &user, &key).await?;
+    ctl.remember_pool(&source.pool);
+    let owner = SnapshotOwner {
+        name: name.to_owned(),
+        source: source_id.to_owned(),
+        driver: ctl.driver_name.clone(),
+    };
+    let snap = snapshot::create_snapshot(
+        &cluster,
+        &snapshot::NewSnapshot {
+            pool: &source.pool,
+            source_image: &source.image,
+            image: &image,
+            owner: &owner,
+        },
+    )
+    .await
+    .map_err(snapshot_status)?;
+    tracing::info!(snapshot_id, source_volume_id = source_id, "snapshot ready");
+    Ok(csi::CreateSnapshotResponse {
+        snapshot: Some(entry(&source.monitors, &snap)?),
+    })
+}
+
+pub(super) async fn delete(
+    ctl: &ControllerService,
+    req: csi::DeleteSnapshotRequest,
+) -> Result<(), Status> {
+    let snapshot_id = require(&req.snapshot_id, "snapshot_id")?;
+    let Ok(id) = SnapshotId::parse(snapshot_id) else {
+        tracing::warn!(
+            snapshot_id,
+            "DeleteSnapshot of a malformed snapshot id: nothing to delete"
+        );
+        return Ok(());
+    };
+    let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
+    let _guard = ctl.locks.lock_or_abort(snapshot_id)?;
+    let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
+    let deleted = snapshot::delete_snapshot(&cluster, &id.pool, &id.image)
+        .await
+        .map_err(volume_status)?;
+    tracing::info!(snapshot_id, ?deleted, "snapshot deleted");
+    Ok(())
+}
+
+pub(super) async fn list(
+    ctl: &ControllerService,
+    req: csi::ListSnapshotsRequest,
+) -> Result<csi::ListSnapshotsResponse, Status> {
+    let max = usize::try_from(req.max_entries).map_err(|_| {
+        Status::invalid_argument(format!(
+            "max_entries must not be negative, got {}",
+            req.max_entries
+        ))
+    })?;
+    if !req.starting_token.is_empty() && SnapshotId::parse(&req.starting_token).is_err() {
+        return Err(Status::aborted(format!(
+            "starting_token {:?} is not a token ListSnapshots returned",
+            req.starting_token
+        )));
+    }
+    let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
+    let mut entries: Vec<csi::Snapshot> = Vec::new();
+    if !req.snapshot_id.is_empty() {
+        let Ok(id) = SnapshotId::parse(&req.snapshot_id) else {
+            return Ok(csi::ListSnapshotsResponse::default());
+        };
+        let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
+        if let Some(snap) = snapshot::find_snapshot(&cluster, &id.pool, &id.image)
+            .await
+            .map_err(volume_status)?
+            && (req.source_volume_id.is_empty() || snap.owner.source == req.source_volume_id)
+        {
+            entries.push(entry(&id.monitors, &snap)?);
+        }
+    } else if !req.source_volume_id.is_empty() {
+        let Ok(source) = VolumeId::parse(&req.source_volume_id) else {
+            return Ok(csi::ListSnapshotsResponse::default());
+        };
+        let cluster = ctl.cluster(&source.monitors, &user, &key).await?;
+        for snap in snapshot::list_snapshots(&cluster, &source.pool)
+            .await
+            .map_err(volume_status)?
+        {
+            if snap.owner.source == req.source_volume_id {
+                entries.push(entry(&source.monitors, &snap)?);
+            }
+        }
+    } else {
+        let monitors = ctl
+            .default_monitors
+            .clone()
+            .or_else(|| ctl.capacity_cluster.as_ref().map(|p| p.monitors.clone()))
+            .ok_or_else(|| {
+                Status::failed_precondition(
+                    "ListSnapshots without snapshot_id or source_volume_id needs the controller's \
+                     default monitors (--monitors)",
+                )
+            })?;
+        let cluster: Arc<ceph_rbd::Cluster> = ctl.cluster(&monitors, &user, &key).await?;
+        for pool in ctl.known_pools() {
+            for snap in snapshot::list_snapshots(&cluster, &pool)
+                .await
+                .map_err(volume_status)?
+            {
+                entries.push(entry(&monitors, &snap)?);
+            }
+        }
+    }
+    entries.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
+    if !req.starting_token.is_empty() {
+        entries.retain(|e| e.snapshot_id > req.starting_token);
+    }
+    let next_token = if max > 0 && entries.len() > max {
+        entries.truncate(max);
+        entries
+            .last()
+            .map(|e| e.snapshot_id.clone())
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    Ok(csi::ListSnapshotsResponse {
+        entries: entries
+            .into_iter()
+            .map(|snapshot| csi::list_snapshots_response::Entry {
+                snapshot: Some(snapshot),
+            })
+            .collect(),
+        next_token,
+    })
+}

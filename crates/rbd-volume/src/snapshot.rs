@@ -1,0 +1,973 @@
+//! Snapshots and clones on RBD clone v2, after ceph-csi's proven layout: no journal, every name
+//! deterministic, every object recognisable by its name and metadata.
+//!
+//! ```text
+//! volume V ──(temporary snapshot csi-tmp-N, removed)──> snapshot image N = csi-snap-<hash>
+//!                                                           └─ snapshot N@N ──> restored volumes
+//! volume V ──(temporary snapshot)──> clone intermediate C = csi-clone-<hash> ── C@C ──> cloned volume
+//! ```
+//!
+//! - [`create_snapshot`]: a temporary snapshot of the source, a v2 clone of it (the snapshot
+//!   image, `csi-snap-` + 32 hex digits of the SHA-256 of the request name), the temporary
+//!   snapshot removed (clone v2 keeps it in the source's snapshot trash while the clone needs
+//!   it), the owner record written, then the snapshot `N@N` that restores clone. The source
+//!   keeps no user snapshot.
+//! - [`clone_volume`]: a restore is a v2 clone of `N@N`, grown when larger; a volume clone goes
+//!   through a per-volume intermediate `csi-clone-<hash of the new image>` made exactly like a
+//!   snapshot image (one implementation), so a volume's only children are our internal images.
+//! - [`delete_snapshot`]: removes `N@N` and `N`; when restores still need `N`, `N` is flattened
+//!   (so nothing in the trash holds a parent) and moved to the RBD trash. [`purge_trash`] removes
+//!   those trash entries once their last child is gone; there is no mgr doing it on the test bed,
+//!   so every delete purges.
+//! - [`delete_volume`]: the volume core's delete; a source that still has snapshot images or
+//!   clone intermediates gets them flattened first (they no longer depend on it), then it goes.
+//!   The user sees the delete succeed and no snapshot or clone breaks.
+//! - Chains stay short: every internal image and every clone records its depth
+//!   ([`META_DEPTH`], parents above it); an image that would be deeper than
+//!   [`MAX_CHAIN_DEPTH`] is flattened right away (depth 0), so a read walks at most
+//!   [`MAX_CHAIN_DEPTH`] parents. ceph-csi flattens in the background past a soft limit of 4 and
+//!   inline past 8; without a mgr there is no background, so one limit, ceph-csi's soft one.
+//!
+//! Crash consistency: each step is found again by the next attempt (the names are
+//! deterministic, the record is written before the snapshot `N@N`, the request name key last):
+//! an image without record is adopted and completed, a leftover temporary snapshot is reused
+//! or, when the source is deleted, removed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use ceph_rbd::{Cluster, CreateOptions, Features};
+use sha2::{Digest, Sha256};
+
+use crate::lifecycle::{self, Action, Claimant, Deleted, Ensured, Error, Fit, Hooks, Outcome};
+use crate::naming::hex;
+use crate::owner::{Owner, Ownership, ownership};
+
+/// Name prefix of snapshot images.
+pub const SNAPSHOT_PREFIX: &str = "csi-snap-";
+/// Name prefix of the intermediate images of volume clones.
+pub const CLONE_PREFIX: &str = "csi-clone-";
+/// Name prefix of the temporary snapshot taken on a source.
+pub const TEMP_SNAP_PREFIX: &str = "csi-tmp-";
+/// Deepest clone chain kept: an image with more parents above it is flattened at creation.
+pub const MAX_CHAIN_DEPTH: u32 = 4;
+
+/// Snapshot image metadata: the snapshot (request) name it was made for. Written last.
+pub const META_SNAPSHOT: &str = "provisioner.ceph.com/snapshot";
+/// Snapshot image metadata: the ID of the volume it was taken of.
+pub const META_SNAPSHOT_SOURCE: &str = "provisioner.ceph.com/snapshot-source";
+/// Snapshot image metadata: the driver that made it. Not `provisioner.ceph.com/provisioner`:
+/// a snapshot image is no PV's image, and must not read as a cut-short volume record.
+pub const META_SNAPSHOT_DRIVER: &str = "provisioner.ceph.com/snapshot-driver";
+/// Image metadata: how many parents the image has above it (as created; flattening an
+/// ancestor makes it an over-estimate, which only flattens earlier).
+pub const META_DEPTH: &str = "provisioner.ceph.com/chain-depth";
+/// Volume metadata: the snapshot or volume ID it was created from.
+pub const META_CONTENT_SOURCE: &str = "provisioner.ceph.com/content-source";
+/// Volume metadata: `<pool>/<image>` of the clone intermediate a volume clone was made through.
+pub const META_CLONE_INTERMEDIATE: &str = "provisioner.ceph.com/clone-intermediate";
+
+/// Features of internal images: librbd's defaults; deep-flatten so that flattening detaches
+/// their snapshots from the parent too.
+fn internal_features() -> Features {
+    Features::LAYERING
+        | Features::EXCLUSIVE_LOCK
+        | Features::OBJECT_MAP
+        | Features::FAST_DIFF
+        | Features::DEEP_FLATTEN
+}
+
+fn hashed(prefix: &str, name: &str) -> String {
+    let digest = Sha256::digest(name.as_bytes());
+    format!("{prefix}{}", hex(&digest[..16]))
+}
+
+/// The snapshot image for a snapshot request name: `csi-snap-` + 32 hex digits of its SHA-256.
+#[must_use]
+pub fn snapshot_image_name(request_name: &str) -> String {
+    hashed(SNAPSHOT_PREFIX, request_name)
+}
+
+/// The clone intermediate of the volume clone `pool/image`.
+#[must_use]
+pub fn clone_intermediate_name(pool: &str, image: &str) -> String {
+    hashed(CLONE_PREFIX, &format!("{pool}/{image}"))
+}
+
+/// The temporary snapshot a snapshot image is cloned from.
+fn temp_snap_name(snapshot_image: &str) -> String {
+    format!("{TEMP_SNAP_PREFIX}{snapshot_image}")
+}
+
+fn is_hashed(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(prefix).is_some_and(|h| {
+        h.len() == 32
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// Whether `name` is a snapshot image's name.
+#[must_use]
+pub fn is_snapshot_image(name: &str) -> bool {
+    is_hashed(name, SNAPSHOT_PREFIX)
+}
+
+/// Whether `name` is one of our internal images (snapshot image or clone intermediate).
+#[must_use]
+pub fn is_internal_image(name: &str) -> bool {
+    is_snapshot_image(name) || is_hashed(name, CLONE_PREFIX)
+}
+
+/// Longest snapshot ID Kubernetes accepts as a snapshot handle.
+pub const MAX_SNAPSHOT_ID_LEN: usize = 128;
+const SNAPSHOT_ID_PREFIX: &str = "s1";
+
+/// Snapshot IDs: `s1/<monitors>/<pool>/<snapshot image>`; with the call's credentials they
+/// locate the snapshot `pool/image@image` without a journal.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SnapshotId {
+    pub monitors: String,
+    pub pool: String,
+    pub image: String,
+}
+
+impl SnapshotId {
+    #[must_use]
+    pub fn new(monitors: &str, pool: &str, image: &str) -> Self {
+        Self {
+            monitors: monitors.to_owned(),
+            pool: pool.to_owned(),
+            image: image.to_owned(),
+        }
+    }
+
+    /// Parses `s1/<monitors>/<pool>/<csi-snap-...>`.
+    ///
+    /// # Errors
+    /// A message saying what is malformed.
+    pub fn parse(id: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = id.split('/').collect();
+        match parts.as_slice() {
+            [SNAPSHOT_ID_PREFIX, monitors, pool, image]
+                if !monitors.is_empty() && !pool.is_empty() && is_snapshot_image(image) =>
+            {
+                Ok(Self::new(monitors, pool, image))
+            }
+            _ => Err(format!(
+                "malformed snapshot id {id:?} (expected s1/<monitors>/<pool>/csi-snap-<32 hex digits>)"
+            )),
+        }
+    }
+
+    /// The ID, checked against the length limit.
+    ///
+    /// # Errors
+    /// When the ID would exceed [`MAX_SNAPSHOT_ID_LEN`].
+    pub fn encode(&self) -> Result<String, String> {
+        let id = self.to_string();
+        if id.len() > MAX_SNAPSHOT_ID_LEN {
+            return Err(format!(
+                "snapshot id {id:?} would be {} bytes, more than the {MAX_SNAPSHOT_ID_LEN} Kubernetes \
+                 allows; list fewer monitors or use shorter pool names",
+                id.len()
+            ));
+        }
+        Ok(id)
+    }
+}
+
+impl fmt::Display for SnapshotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{SNAPSHOT_ID_PREFIX}/{}/{}/{}",
+            self.monitors, self.pool, self.image
+        )
+    }
+}
+
+/// Who a snapshot image (or clone intermediate) belongs to, kept in its metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotOwner {
+    /// The snapshot request name (for a clone intermediate: `clone of <pool>/<image>`).
+    pub name: String,
+    /// The source volume's ID.
+    pub source: String,
+    /// The driver (or provisioner identity) that made it.
+    pub driver: String,
+}
+
+impl SnapshotOwner {
+    /// The metadata entries, in write order: the name key last (a record cut short reads as
+    /// none and is completed by the next attempt).
+    #[must_use]
+    pub fn entries(&self) -> Vec<(&'static str, &str)> {
+        vec![
+            (META_SNAPSHOT_DRIVER, self.driver.as_str()),
+            (META_SNAPSHOT_SOURCE, self.source.as_str()),
+            (META_SNAPSHOT, self.name.as_str()),
+        ]
+    }
+
+    /// The record in `meta`, `None` when there is none (or it was cut before its name key).
+    #[must_use]
+    pub fn from_metadata(meta: &BTreeMap<String, String>) -> Option<SnapshotOwner> {
+        Some(SnapshotOwner {
+            name: meta.get(META_SNAPSHOT)?.clone(),
+            source: meta.get(META_SNAPSHOT_SOURCE).cloned().unwrap_or_default(),
+            driver: meta.get(META_SNAPSHOT_DRIVER).cloned().unwrap_or_default(),
+        })
+    }
+}
+
+/// A snapshot as found in Ceph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub pool: String,
+    /// The snapshot image (its snapshot has the same name).
+    pub image: String,
+    pub owner: SnapshotOwner,
+    /// Bytes: the source's size when taken (what a restore needs at least).
+    pub size: u64,
+    pub created: SystemTime,
+}
+
+/// Why a snapshot or clone operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The volume core's errors (Ceph errors among them).
+    #[error(transparent)]
+    Volume(#[from] Error),
+    /// The snapshot image of this name was made for another snapshot or source.
+    #[error(
+        "snapshot image {pool}/{image} belongs to snapshot {:?} of volume {:?}, not {:?} of {:?}; refusing to reuse it",
+        existing.name, existing.source, wanted.name, wanted.source
+    )]
+    OtherSnapshot {
+        pool: String,
+        image: String,
+        existing: Box<SnapshotOwner>,
+        wanted: Box<SnapshotOwner>,
+    },
+    /// The snapshot or source volume does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The volume exists with other content than asked for.
+    #[error(
+        "image {pool}/{image} exists with content from {existing:?}, not {wanted:?}; refusing to reuse it"
+    )]
+    OtherContent {
+        pool: String,
+        image: String,
+        existing: String,
+        wanted: String,
+    },
+    /// The new volume would be smaller than its source.
+    #[error("a volume of at most {limit} bytes cannot hold its source of {source_size} bytes")]
+    TooSmall { limit: u64, source_size: u64 },
+}
+
+impl From<ceph_rbd::Error> for SnapshotError {
+    fn from(e: ceph_rbd::Error) -> Self {
+        SnapshotError::Volume(Error::Ceph(e))
+    }
+}
+
+/// A snapshot to take (or find).
+#[derive(Clone, Copy, Debug)]
+pub struct NewSnapshot<'a> {
+    /// Pool of the source and of the snapshot image.
+    pub pool: &'a str,
+    pub source_image: &'a str,
+    /// The snapshot image ([`snapshot_image_name`]).
+    pub image: &'a str,
+    pub owner: &'a SnapshotOwner,
+}
+
+/// Takes the snapshot, or finds it after a retry or a crash and completes it. Idempotent.
+///
+/// # Errors
+/// [`SnapshotError::OtherSnapshot`] when the image belongs to another snapshot or source,
+/// [`SnapshotError::NotFound`] when the source is missing, Ceph errors.
+pub async fn create_snapshot(
+    cluster: &Cluster,
+    new: &NewSnapshot<'_>,
+) -> Result<Snapshot, SnapshotError> {
+    let (pool, image) = (new.pool, new.image);
+    let recorded = match cluster.metadata_list(pool, image).await {
+        Ok(meta) => {
+            if let Some(existing) = SnapshotOwner::from_metadata(&meta)
+                && (existing.name != new.owner.name || existing.source != new.owner.source)
+            {
+                return Err(SnapshotError::OtherSnapshot {
+                    pool: pool.to_owned(),
+                    image: image.to_owned(),
+                    existing: Box::new(existing),
+                    wanted: Box::new(new.owner.clone()),
+                });
+            }
+            meta
+        }
+        Err(e) if e.is_not_found() => {
+            clone_from_source(cluster, new).await?;
+            BTreeMap::new()
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let missing = missing_entries(&recorded, &new.owner.entries());
+    if !missing.is_empty() {
+        cluster
+            .metadata_set_many(pool, image, missing, None)
+            .await?;
+    }
+    if !recorded.contains_key(META_DEPTH) {
+        bound_depth(cluster, pool, image).await?;
+    }
+    // The clone holds what it needs; the temporary snapshot goes (to the source's snapshot
+    // trash while the clone depends on it). The source may be gone already after a crash.
+    match cluster
+        .snap_remove(pool, new.source_image, &temp_snap_name(image))
+        .await
+    {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e.into()),
+    }
+    match cluster.snap_create(pool, image, image).await {
+        Ok(()) => tracing::info!(pool, image, source = new.source_image, "snapshot taken"),
+        Err(e) if e.is_already_exists() => {}
+        Err(e) => return Err(e.into()),
+    }
+    find_snapshot(cluster, pool, image)
+        .await?
+        .ok_or_else(|| SnapshotError::NotFound(format!("snapshot {pool}/{image}@{image}")))
+}
+
+/// Temporary snapshot of the source, v2 clone of it as `new.image`.
+async fn clone_from_source(cluster: &Cluster, new: &NewSnapshot<'_>) -> Result<(), SnapshotError> {
+    let (pool, image, source) = (new.pool, new.image, new.source_image);
+    let temp = temp_snap_name(image);
+    match cluster.snap_create(pool, source, &temp).await {
+        Ok(()) => {}
+        Err(e) if e.is_already_exists() => {}
+        Err(e) if e.is_not_found() => {
+            return Err(SnapshotError::NotFound(format!(
+                "source volume {pool}/{source}"
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let options = CreateOptions {
+        features: Some(internal_features()),
+        ..CreateOptions::default()
+    };
+    clone_replacing_partial(cluster, (pool, source, &temp), pool, image, &options).await
+}
+
+/// Clones `parent` (pool, image, snapshot) to `pool/image`; a partial image of that name (a
+/// clone killed midway: no header) is removed first.
+async fn clone_replacing_partial(
+    cluster: &Cluster,
+    parent: (&str, &str, &str),
+    pool: &str,
+    image: &str,
+    options: &CreateOptions,
+) -> Result<(), SnapshotError> {
+    let (parent_pool, parent_image, snap) = parent;
+    for attempt in 0..2 {
+        match cluster
+            .clone_image(parent_pool, parent_image, snap, pool, image, options)
+            .await
+        {
+            Ok(()) => {
+                tracing::info!(
+                    pool,
+                    image,
+                    parent = %format!("{parent_pool}/{parent_image}@{snap}"),
+                    "clone created"
+                );
+                return Ok(());
+            }
+            Err(e) if e.is_already_exists() && attempt == 0 => {
+                tracing::warn!(pool, image, "removing a partially created clone");
+                match cluster.remove_image(pool, image).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) if e.is_not_found() => {
+                return Err(SnapshotError::NotFound(format!(
+                    "{parent_pool}/{parent_image}@{snap}"
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(SnapshotError::Volume(Error::Ceph(
+        ceph_rbd::Error::AlreadyExists {
+            op: "clone image",
+            target: format!("{pool}/{image}"),
+        },
+    )))
+}
+
+fn missing_entries(
+    recorded: &BTreeMap<String, String>,
+    entries: &[(&str, &str)],
+) -> Vec<(String, String)> {
+    entries
+        .iter()
+        .filter(|(key, value)| recorded.get(*key).map(String::as_str) != Some(*value))
+        .map(|(key, value)| ((*key).to_string(), (*value).to_string()))
+        .collect()
+}
+
+/// Parents above `pool/image`: 0 without a parent, else the recorded depth (1 when none is
+/// recorded: a clone made elsewhere).
+pub async fn depth(cluster: &Cluster, pool: &str, image: &str) -> Result<u32, Error> {
+    if cluster.parent(pool, image).await?.is_none() {
+        return Ok(0);
+    }
+    Ok(cluster
+        .metadata_get(pool, image, META_DEPTH)
+        .await?
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(1))
+}
+
+/// Records the depth of the fresh clone `pool/image` (its parent's + 1) and flattens it when
+/// that exceeds [`MAX_CHAIN_DEPTH`]. Returns the depth it has now.
+async fn bound_depth(cluster: &Cluster, pool: &str, image: &str) -> Result<u32, Error> {
+    let depth = match cluster.parent(pool, image).await? {
+        None => 0,
+        Some(parent) if parent.in_trash => MAX_CHAIN_DEPTH + 1,
+        Some(parent) => depth(cluster, &parent.pool, &parent.image).await? + 1,
+    };
+    let depth = if depth > MAX_CHAIN_DEPTH {
+        tracing::info!(
+            pool,
+            image,
+            depth,
+            max = MAX_CHAIN_DEPTH,
+            "flattening a deep clone"
+        );
+        cluster.flatten(pool, image).await?;
+        0
+    } else {
+        depth
+    };
+    cluster
+        .metadata_set(pool, image, META_DEPTH, &depth.to_string())
+        .await?;
+    Ok(depth)
+}
+
+/// The snapshot `pool/image@image` with its record; `None` when the image, its record or its
+/// snapshot is missing (a snapshot not (yet) complete, or deleted).
+///
+/// # Errors
+/// Ceph errors other than not found.
+pub async fn find_snapshot(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+) -> Result<Option<Snapshot>, Error> {
+    let meta = match cluster.metadata_list(pool, image).await {
+        Ok(meta) => meta,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let Some(owner) = SnapshotOwner::from_metadata(&meta) else {
+        return Ok(None);
+    };
+    let snaps = match cluster.snap_list(pool, image).await {
+        Ok(snaps) => snaps,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(snaps
+        .into_iter()
+        .find(|s| s.name == image)
+        .map(|s| Snapshot {
+            pool: pool.to_owned(),
+            image: image.to_owned(),
+            owner,
+            size: s.size,
+            created: s.created,
+        }))
+}
+
+/// Every complete snapshot in `pool`, by image name. A missing pool has none.
+///
+/// # Errors
+/// Ceph errors.
+pub async fn list_snapshots(cluster: &Cluster, pool: &str) -> Result<Vec<Snapshot>, Error> {
+    let images = match cluster.list_images(pool).await {
+        Ok(images) => images,
+        Err(e) if e.is_not_found() => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut names: Vec<String> = images
+        .into_iter()
+        .filter(|i| is_snapshot_image(i))
+        .collect();
+    names.sort();
+    let mut found = Vec::new();
+    for image in names {
+        if let Some(snapshot) = find_snapshot(cluster, pool, &image).await? {
+            found.push(snapshot);
+        }
+    }
+    Ok(found)
+}
+
+/// What [`delete_snapshot`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotDeleted {
+    Removed,
+    /// Volumes restored from it still need it: flattened and moved to the RBD trash, removed
+    /// by [`purge_trash`] once the last one is gone.
+    Trashed,
+    AlreadyGone,
+}
+
+/// Deletes the snapshot image `pool/image` (see the module docs), then purges the pool's
+/// trash. Idempotent.
+///
+/// # Errors
+/// Ceph errors.
+pub async fn delete_snapshot(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+) -> Result<SnapshotDeleted, Error> {
+    let result = remove_internal(cluster, pool, image).await?;
+    purge_trash(cluster, pool).await?;
+    Ok(result)
+}
+
+async fn remove_internal(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+) -> Result<SnapshotDeleted, Error> {
+    match cluster.snap_remove(pool, image, image).await {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e.into()),
+    }
+    match cluster.remove_image(pool, image).await {
+        Ok(()) => {
+            tracing::info!(pool, image, "snapshot image removed");
+            Ok(SnapshotDeleted::Removed)
+        }
+        Err(e) if e.is_not_found() => Ok(SnapshotDeleted::AlreadyGone),
+        Err(ceph_rbd::Error::HasDependents { .. }) => {
+            // Restored volumes hang off its (now trashed) snapshot. Nothing in the trash may
+            // hold a parent (its parent could then never be deleted): flatten it first.
+            if cluster.parent(pool, image).await?.is_some() {
+                cluster.flatten(pool, image).await?;
+            }
+            cluster.trash_move(pool, image, Duration::ZERO).await?;
+            tracing::info!(
+                pool,
+                image,
+                "snapshot image still has clones; moved to the trash until they are gone"
+            );
+            Ok(SnapshotDeleted::Trashed)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes the pool's trash entries that are our internal images and have no clone left;
+/// returns how many went. Entries of other names are never touched.
+///
+/// # Errors
+/// Ceph errors listing the trash.
+pub async fn purge_trash(cluster: &Cluster, pool: &str) -> Result<usize, Error> {
+    let mut removed = 0;
+    for entry in cluster.trash_list(pool).await? {
+        if !is_internal_image(&entry.name) {
+            continue;
+        }
+        match cluster.trash_remove(pool, &entry.id, false).await {
+            Ok(()) => {
+                tracing::info!(pool, image = entry.name, "trashed snapshot image purged");
+                removed += 1;
+            }
+            // still has clones, or gone meanwhile
+            Err(ceph_rbd::Error::HasDependents { .. } | ceph_rbd::Error::Busy { .. }) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                tracing::warn!(pool, image = entry.name, error = %e, "could not purge a trash entry");
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Where a new volume's content comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source<'a> {
+    /// The snapshot image `pool/image` (its snapshot `image@image`).
+    Snapshot { pool: &'a str, image: &'a str },
+    /// The volume `pool/image` (a clone goes through an intermediate in its pool).
+    Volume { pool: &'a str, image: &'a str },
+}
+
+/// A volume to create from a snapshot or another volume (or find).
+#[derive(Clone, Copy, Debug)]
+pub struct NewClone<'a> {
+    pub pool: &'a str,
+    pub image: &'a str,
+    /// Bytes wanted; a smaller source is grown to it, a larger one needs `fit` to allow it.
+    pub size: u64,
+    pub options: &'a CreateOptions,
+    pub owner: &'a Owner,
+    pub fit: Fit,
+    pub source: Source<'a>,
+    /// The source's ID, recorded as [`META_CONTENT_SOURCE`] and compared on a retry.
+    pub source_id: &'a str,
+    /// The driver, recorded on a clone intermediate.
+    pub driver: &'a str,
+}
+
+/// Creates the volume from its source with its owner record, or finds it after a retry or a
+/// crash and completes it. Idempotent.
+///
+/// # Errors
+/// [`SnapshotError::NotFound`] for a missing source, [`SnapshotError::TooSmall`],
+/// [`SnapshotError::OtherContent`], [`Error::Foreign`] for another volume's image, Ceph errors.
+pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensured, SnapshotError> {
+    let (pool, image) = (new.pool, new.image);
+    let (recorded, outcome) = match cluster.metadata_list(pool, image).await {
+        Ok(meta) => {
+            let outcome = match ownership(&meta, &new.owner.pv) {
+                Ownership::Foreign(owner) => {
+                    return Err(Error::Foreign {
+                        pool: pool.to_owned(),
+                        image: image.to_owned(),
+                        owner,
+                        wanted: new.owner.pv.clone(),
+                        action: Action::Reuse,
+                    }
+                    .into());
+                }
+                Ownership::Ours => Outcome::Reused,
+                Ownership::Unrecorded => Outcome::Adopted,
+            };
+            let existing = meta.get(META_CONTENT_SOURCE).cloned().unwrap_or_default();
+            if (outcome == Outcome::Reused || !existing.is_empty()) && existing != new.source_id {
+                return Err(SnapshotError::OtherContent {
+                    pool: pool.to_owned(),
+                    image: image.to_owned(),
+                    existing,
+                    wanted: new.source_id.to_owned(),
+                });
+            }
+            (meta, outcome)
+        }
+        Err(e) if e.is_not_found() => {
+            make_clone(cluster, new).await?;
+            (BTreeMap::new(), Outcome::Created)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let size = fit_clone(cluster, new).await?;
+    let mut entries = vec![(META_CONTENT_SOURCE, new.source_id)];
+    let intermediate = match new.source {
+        Source::Volume {
+            pool: source_pool, ..
+        } => Some(format!(
+            "{source_pool}/{}",
+            clone_intermediate_name(pool, image)
+        )),
+        Source::Snapshot { .. } => None,
+    };
+    if let Some(i) = &intermediate {
+        entries.push((META_CLONE_INTERMEDIATE, i.as_str()));
+    }
+    entries.extend(new.owner.entries());
+    let missing = missing_entries(&recorded, &entries);
+    if !missing.is_empty() {
+        cluster
+            .metadata_set_many(pool, image, missing, None)
+            .await?;
+    }
+    if !recorded.contains_key(META_DEPTH) {
+        bound_depth(cluster, pool, image).await?;
+    }
+    Ok(Ensured { outcome, size })
+}
+
+/// The size the restore must have, given its source's: [`SnapshotError::TooSmall`] when the
+/// limit cannot hold the source.
+#[allow(clippy::result_large_err)] // the error type of every call here; errors are rare
+fn target_size(new: &NewClone<'_>, source_size: u64) -> Result<u64, SnapshotError> {
+    match new.fit {
+        Fit::Within { limit, .. } if limit != 0 && source_size > limit => {
+            Err(SnapshotError::TooSmall { limit, source_size })
+        }
+        _ => Ok(new.size.max(source_size)),
+    }
+}
+
+async fn make_clone(cluster: &Cluster, new: &NewClone<'_>) -> Result<(), SnapshotError> {
+    let (parent_pool, parent_image) = match new.source {
+        Source::Snapshot { pool, image } => {
+            let snapshot = find_snapshot(cluster, pool, image)
+                .await?
+                .ok_or_else(|| SnapshotError::NotFound(format!("snapshot {pool}/{image}")))?;
+            target_size(new, snapshot.size)?;
+            (pool.to_owned(), image.to_owned())
+        }
+        Source::Volume { pool, image } => {
+            let info = match cluster.image_info(pool, image).await {
+                Ok(info) => info,
+                Err(e) if e.is_not_found() => {
+                    return Err(SnapshotError::NotFound(format!(
+                        "source volume {pool}/{image}"
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            };
+            target_size(new, info.size)?;
+            let intermediate = clone_intermediate_name(new.pool, new.image);
+            let owner = SnapshotOwner {
+                name: format!("clone of {}", new.source_id),
+                source: new.source_id.to_owned(),
+                driver: new.driver.to_owned(),
+            };
+            create_snapshot(
+                cluster,
+                &NewSnapshot {
+                    pool,
+                    source_image: image,
+                    image: &intermediate,
+                    owner: &owner,
+                },
+            )
+            .await?;
+            (pool.to_owned(), intermediate)
+        }
+    };
+    clone_replacing_partial(
+        cluster,
+        (&parent_pool, &parent_image, &parent_image),
+        new.pool,
+        new.image,
+        new.options,
+    )
+    .await
+}
+
+/// Grows the new volume to its size and checks it per `fit`.
+async fn fit_clone(cluster: &Cluster, new: &NewClone<'_>) -> Result<u64, SnapshotError> {
+    let current = cluster.image_info(new.pool, new.image).await?.size;
+    let size = target_size(new, current)?;
+    if current < size {
+        cluster
+            .resize_image(new.pool, new.image, size, false)
+            .await?;
+        tracing::info!(
+            pool = new.pool,
+            image = new.image,
+            from = current,
+            to = size,
+            "clone grown"
+        );
+    }
+    if let Fit::Within { required, limit } = new.fit
+        && !crate::size::fits(size, required, limit)
+    {
+        return Err(Error::SizeMismatch {
+            pool: new.pool.to_owned(),
+            image: new.image.to_owned(),
+            size,
+            required,
+            limit,
+        }
+        .into());
+    }
+    Ok(size)
+}
+
+/// Deletes a volume ([`lifecycle::delete`]): when it still has snapshot images or clone
+/// intermediates, they are flattened first (and leftover temporary snapshots removed); its own
+/// clone intermediate goes after it; the trash is purged. Idempotent.
+///
+/// # Errors
+/// As [`lifecycle::delete`]; `HasDependents` when the volume has snapshots or clones that are
+/// not ours.
+pub async fn delete_volume(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    claimant: &Claimant,
+    hooks: &Hooks,
+) -> Result<Deleted, Error> {
+    let intermediate = match cluster
+        .metadata_get(pool, image, META_CLONE_INTERMEDIATE)
+        .await
+    {
+        Ok(i) => i,
+        Err(e) if e.is_not_found() => None,
+        Err(e) => return Err(e.into()),
+    };
+    let deleted = match lifecycle::delete(cluster, pool, image, claimant, hooks).await {
+        Err(Error::Ceph(ceph_rbd::Error::HasDependents { .. })) => {
+            release_dependents(cluster, pool, image).await?;
+            lifecycle::delete(cluster, pool, image, claimant, hooks).await?
+        }
+        other => other?,
+    };
+    if let Some((ipool, iimage)) = intermediate.as_deref().and_then(|i| i.split_once('/'))
+        && is_internal_image(iimage)
+    {
+        remove_internal(cluster, ipool, iimage).await?;
+        purge_trash(cluster, ipool).await?;
+    }
+    purge_trash(cluster, pool).await?;
+    Ok(deleted)
+}
+
+/// Makes `pool/image` removable: leftover temporary snapshots of ours removed, our internal
+/// images cloned from it flattened (their trashed parent snapshots then go by themselves).
+async fn release_dependents(cluster: &Cluster, pool: &str, image: &str) -> Result<(), Error> {
+    for snap in cluster.snap_list(pool, image).await? {
+        if snap.name.starts_with(TEMP_SNAP_PREFIX) {
+            match cluster.snap_remove(pool, image, &snap.name).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    for child in cluster.list_images(pool).await? {
+        if !is_internal_image(&child) {
+            continue;
+        }
+        let parent = match cluster.parent(pool, &child).await {
+            Ok(p) => p,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if parent.is_some_and(|p| p.pool == pool && p.image == image && !p.in_trash) {
+            tracing::info!(
+                pool,
+                image = child,
+                parent = image,
+                "flattening a snapshot image so its source can be deleted"
+            );
+            cluster.flatten(pool, &child).await?;
+            cluster.metadata_set(pool, &child, META_DEPTH, "0").await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_ids_round_trip_and_stay_within_128_bytes() {
+        let image = snapshot_image_name(&"x".repeat(128));
+        assert!(is_snapshot_image(&image) && image.len() == 41);
+        let id = SnapshotId::new("10.0.0.1:6789,10.0.0.2:6789", "kube", &image);
+        let text = id.encode().unwrap();
+        assert_eq!(SnapshotId::parse(&text).unwrap(), id);
+        assert!(text.starts_with("s1/10.0.0.1:6789,10.0.0.2:6789/kube/csi-snap-"));
+        let monitors = ["192.168.100.100:6789"; 5].join(",");
+        assert!(SnapshotId::new(&monitors, "rbd", &image).encode().is_err());
+        for bad in [
+            "",
+            "reallyfakesnapshotid",
+            "s1/m/p/pvc-1",
+            "v1/m/p/csi-snap-00000000000000000000000000000000",
+            "s1//p/csi-snap-00000000000000000000000000000000",
+            "s1/m/p/csi-snap-0000000000000000000000000000000g",
+        ] {
+            assert!(SnapshotId::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_are_deterministic_and_recognisable() {
+        assert_eq!(snapshot_image_name("a"), snapshot_image_name("a"));
+        assert_ne!(snapshot_image_name("a"), snapshot_image_name("b"));
+        let c = clone_intermediate_name("rbd", "pvc-1");
+        assert!(is_internal_image(&c) && !is_snapshot_image(&c));
+        assert_ne!(c, clone_intermediate_name("other", "pvc-1"));
+        assert!(
+            !is_internal_image("csi-snap-2f1c0d2e-8a4b-4c3d-9e2f-0a1b2c3d4e5f"),
+            "ceph-csi's"
+        );
+        assert!(!is_internal_image("pvc-1"));
+    }
+
+    #[test]
+    fn the_snapshot_record_goes_name_last_and_is_not_a_volume_record() {
+        let owner = SnapshotOwner {
+            name: "snapshot-1".into(),
+            source: "v1/m/rbd/pvc-1".into(),
+            driver: "rbd.provisioner.ceph.io".into(),
+        };
+        let keys: Vec<&str> = owner.entries().iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys.last(), Some(&META_SNAPSHOT));
+        let mut meta: BTreeMap<String, String> = owner
+            .entries()
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        assert_eq!(SnapshotOwner::from_metadata(&meta), Some(owner));
+        assert!(Owner::from_metadata(&meta).is_none());
+        assert!(!meta.contains_key(crate::owner::META_PROVISIONER));
+        meta.remove(META_SNAPSHOT);
+        assert_eq!(SnapshotOwner::from_metadata(&meta), None);
+    }
+
+    #[test]
+    fn a_restore_is_at_least_its_source_and_within_the_limit() {
+        let owner = Owner {
+            pv: "pvc-1".into(),
+            claim: String::new(),
+            provisioner: "d".into(),
+        };
+        let options = CreateOptions::default();
+        let mut new = NewClone {
+            pool: "rbd",
+            image: "pvc-1",
+            size: 10,
+            options: &options,
+            owner: &owner,
+            fit: Fit::Within {
+                required: 10,
+                limit: 0,
+            },
+            source: Source::Snapshot {
+                pool: "rbd",
+                image: "csi-snap-x",
+            },
+            source_id: "s1/m/rbd/csi-snap-x",
+            driver: "d",
+        };
+        assert_eq!(target_size(&new, 4).unwrap(), 10);
+        assert_eq!(target_size(&new, 20).unwrap(), 20);
+        new.fit = Fit::Within {
+            required: 10,
+            limit: 15,
+        };
+        assert!(matches!(
+            target_size(&new, 20),
+            Err(SnapshotError::TooSmall {
+                limit: 15,
+                source_size: 20
+            })
+        ));
+    }
+}

@@ -1,0 +1,462 @@
+//! Snapshots, restores and volume clones against a private Ceph cluster, data checked through
+//! python-rbd (librbd, not our code): a restore reads what was written before the snapshot and
+//! is grown when larger; deleting the source keeps snapshots and restores working; deleting a
+//! snapshot that a restore still needs trashes it until the restore goes; a 10-deep chain of
+//! clones stays readable and no image is ever more than `MAX_CHAIN_DEPTH` parents deep.
+
+use std::process::Command;
+use std::sync::Arc;
+
+use ceph_rbd::{ClusterConfig, ConnectionPool, CreateOptions, PoolOptions, Secret};
+use rbd_volume::snapshot::{META_DEPTH, depth, snapshot_image_name};
+use rbd_volume::{
+    Claimant, Deleted, Ensured, Fit, Hooks, MAX_CHAIN_DEPTH, NewClone, NewImage, NewSnapshot,
+    Outcome, Owner, Snapshot, SnapshotDeleted, SnapshotError, SnapshotOwner, Source,
+};
+
+const MIB: u64 = 1 << 20;
+const DRIVER: &str = "rbd.provisioner.ceph.io";
+
+async fn cluster() -> Arc<ceph_rbd::Cluster> {
+    let ceph = micro_ceph::cluster();
+    let pool = ConnectionPool::new(PoolOptions::default());
+    pool.get(&ClusterConfig::new(
+        &ceph.monitors,
+        "admin",
+        Secret::new(ceph.admin_key.clone()),
+    ))
+    .await
+    .unwrap()
+}
+
+fn pool() -> &'static str {
+    &micro_ceph::cluster().pool
+}
+
+const IO: &str = "import sys, rados, rbd
+c = rados.Rados(conffile=sys.argv[1]); c.connect()
+io = c.open_ioctx(sys.argv[2])
+with rbd.Image(io, sys.argv[3]) as img:
+    if sys.argv[4] == 'w':
+        img.write(sys.argv[6].encode(), int(sys.argv[5]))
+    else:
+        sys.stdout.write(img.read(int(sys.argv[5]), int(sys.argv[6])).decode('latin1'))
+";
+
+/// Runs python-rbd on `image`: `w` writes `arg` at `offset`, `r` reads `arg` bytes.
+fn python_io(image: &str, op: &str, offset: u64, arg: &str) -> String {
+    let ceph = micro_ceph::cluster();
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", IO])
+        .arg(&ceph.conf_path)
+        .arg(&ceph.pool)
+        .arg(image)
+        .arg(op)
+        .arg(offset.to_string())
+        .arg(arg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python-rbd {op} {image}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn write(image: &str, offset: u64, text: &str) {
+    python_io(image, "w", offset, text);
+}
+
+fn read(image: &str, offset: u64, len: usize) -> String {
+    python_io(image, "r", offset, &len.to_string())
+}
+
+fn owner(pv: &str) -> Owner {
+    Owner {
+        pv: pv.into(),
+        claim: String::new(),
+        provisioner: DRIVER.into(),
+    }
+}
+
+fn volume_id(image: &str) -> String {
+    format!("v1/{}/{}/{image}", micro_ceph::cluster().monitors, pool())
+}
+
+async fn volume(cluster: &ceph_rbd::Cluster, image: &str, size: u64) {
+    let owner = owner(image);
+    rbd_volume::ensure(
+        cluster,
+        &NewImage {
+            pool: pool(),
+            image,
+            size,
+            options: &CreateOptions::default(),
+            owner: &owner,
+            fit: Fit::Grow,
+        },
+        &Hooks::default(),
+    )
+    .await
+    .unwrap();
+}
+
+async fn snapshot(cluster: &ceph_rbd::Cluster, source: &str, name: &str) -> Snapshot {
+    let owner = SnapshotOwner {
+        name: name.into(),
+        source: volume_id(source),
+        driver: DRIVER.into(),
+    };
+    rbd_volume::create_snapshot(
+        cluster,
+        &NewSnapshot {
+            pool: pool(),
+            source_image: source,
+            image: &snapshot_image_name(name),
+            owner: &owner,
+        },
+    )
+    .await
+    .unwrap()
+}
+
+async fn clone(
+    cluster: &ceph_rbd::Cluster,
+    image: &str,
+    size: u64,
+    source: Source<'_>,
+    source_id: &str,
+) -> Result<Ensured, SnapshotError> {
+    let owner = owner(image);
+    rbd_volume::clone_volume(
+        cluster,
+        &NewClone {
+            pool: pool(),
+            image,
+            size,
+            options: &CreateOptions::default(),
+            owner: &owner,
+            fit: Fit::Within {
+                required: size,
+                limit: 0,
+            },
+            source,
+            source_id,
+            driver: DRIVER,
+        },
+    )
+    .await
+}
+
+async fn restore(cluster: &ceph_rbd::Cluster, image: &str, size: u64, snap: &Snapshot) -> Ensured {
+    clone(
+        cluster,
+        image,
+        size,
+        Source::Snapshot {
+            pool: &snap.pool,
+            image: &snap.image,
+        },
+        &format!("snapshot {}", snap.image),
+    )
+    .await
+    .unwrap()
+}
+
+async fn delete_volume(cluster: &ceph_rbd::Cluster, image: &str) -> Deleted {
+    rbd_volume::delete_volume(cluster, pool(), image, &Claimant::Image, &Hooks::default())
+        .await
+        .unwrap()
+}
+
+async fn trash_names(cluster: &ceph_rbd::Cluster) -> Vec<String> {
+    cluster
+        .trash_list(pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_restore_reads_the_data_from_before_the_snapshot_and_a_larger_one_is_grown() {
+    let cluster = cluster().await;
+    let source = "snap-data-src";
+    volume(&cluster, source, 8 * MIB).await;
+    write(source, 0, "before the snapshot");
+    write(source, 7 * MIB, "end of the source");
+
+    let snap = snapshot(&cluster, source, "snapshot-data").await;
+    assert_eq!(snap.size, 8 * MIB);
+    assert_eq!(snap.owner.source, volume_id(source));
+    // the source keeps no snapshot of ours: the temporary one went to its snapshot trash
+    assert!(cluster.snap_list(pool(), source).await.unwrap().is_empty());
+    // retried: the same snapshot
+    assert_eq!(snapshot(&cluster, source, "snapshot-data").await, snap);
+    let listed = rbd_volume::list_snapshots(&cluster, pool()).await.unwrap();
+    assert!(listed.contains(&snap), "{listed:?}");
+
+    write(source, 0, "AFTER  the snapshot");
+    let restored = restore(&cluster, "snap-data-restore", 16 * MIB, &snap).await;
+    assert_eq!(restored.outcome, Outcome::Created);
+    assert_eq!(restored.size, 16 * MIB, "grown past the source's 8 MiB");
+    assert_eq!(
+        cluster
+            .image_info(pool(), "snap-data-restore")
+            .await
+            .unwrap()
+            .size,
+        16 * MIB
+    );
+    assert_eq!(read("snap-data-restore", 0, 19), "before the snapshot");
+    assert_eq!(read("snap-data-restore", 7 * MIB, 17), "end of the source");
+    assert_eq!(read(source, 0, 19), "AFTER  the snapshot");
+    // a retry finds it; another source for the same volume is refused
+    let again = restore(&cluster, "snap-data-restore", 16 * MIB, &snap).await;
+    assert_eq!(again.outcome, Outcome::Reused);
+    let other = clone(
+        &cluster,
+        "snap-data-restore",
+        16 * MIB,
+        Source::Volume {
+            pool: pool(),
+            image: source,
+        },
+        &volume_id(source),
+    )
+    .await;
+    assert!(
+        matches!(other, Err(SnapshotError::OtherContent { .. })),
+        "{other:?}"
+    );
+    // a snapshot name reused for another source is refused
+    volume(&cluster, "snap-data-other", 8 * MIB).await;
+    let other_owner = SnapshotOwner {
+        name: "snapshot-data".into(),
+        source: volume_id("snap-data-other"),
+        driver: DRIVER.into(),
+    };
+    let refused = rbd_volume::create_snapshot(
+        &cluster,
+        &NewSnapshot {
+            pool: pool(),
+            source_image: "snap-data-other",
+            image: &snapshot_image_name("snapshot-data"),
+            owner: &other_owner,
+        },
+    )
+    .await;
+    assert!(
+        matches!(refused, Err(SnapshotError::OtherSnapshot { .. })),
+        "{refused:?}"
+    );
+    // a restore smaller than its source is refused before anything is made
+    let small = rbd_volume::clone_volume(
+        &cluster,
+        &NewClone {
+            pool: pool(),
+            image: "snap-data-small",
+            size: 4 * MIB,
+            options: &CreateOptions::default(),
+            owner: &owner("snap-data-small"),
+            fit: Fit::Within {
+                required: 4 * MIB,
+                limit: 4 * MIB,
+            },
+            source: Source::Snapshot {
+                pool: pool(),
+                image: &snap.image,
+            },
+            source_id: "s",
+            driver: DRIVER,
+        },
+    )
+    .await;
+    assert!(
+        matches!(small, Err(SnapshotError::TooSmall { .. })),
+        "{small:?}"
+    );
+    assert!(
+        !cluster
+            .image_exists(pool(), "snap-data-small")
+            .await
+            .unwrap()
+    );
+
+    for image in ["snap-data-restore", source, "snap-data-other"] {
+        assert_eq!(delete_volume(&cluster, image).await, Deleted::Removed);
+    }
+    assert_eq!(
+        rbd_volume::delete_snapshot(&cluster, pool(), &snap.image)
+            .await
+            .unwrap(),
+        SnapshotDeleted::Removed
+    );
+    assert!(!cluster.image_exists(pool(), &snap.image).await.unwrap());
+}
+
+#[tokio::test]
+async fn deleting_the_source_keeps_its_snapshot_and_restores_working() {
+    let cluster = cluster().await;
+    let source = "snap-src-gone";
+    volume(&cluster, source, 8 * MIB).await;
+    write(source, MIB, "kept after the source is gone");
+    let snap = snapshot(&cluster, source, "snapshot-src-gone").await;
+    restore(&cluster, "snap-src-gone-r1", 8 * MIB, &snap).await;
+
+    // the source has a clone (the snapshot image): deleting it still succeeds
+    assert_eq!(delete_volume(&cluster, source).await, Deleted::Removed);
+    assert!(!cluster.image_exists(pool(), source).await.unwrap());
+    assert!(!trash_names(&cluster).await.contains(&source.to_string()));
+    let found = rbd_volume::find_snapshot(&cluster, pool(), &snap.image)
+        .await
+        .unwrap()
+        .expect("the snapshot survives its source");
+    assert_eq!(found.owner.source, volume_id(source));
+    assert_eq!(
+        cluster.parent(pool(), &snap.image).await.unwrap(),
+        None,
+        "the snapshot image was flattened off its source"
+    );
+    assert_eq!(
+        read("snap-src-gone-r1", MIB, 29),
+        "kept after the source is gone"
+    );
+    // and a new restore after the source is gone has the data too
+    restore(&cluster, "snap-src-gone-r2", 8 * MIB, &snap).await;
+    assert_eq!(
+        read("snap-src-gone-r2", MIB, 29),
+        "kept after the source is gone"
+    );
+
+    for image in ["snap-src-gone-r1", "snap-src-gone-r2"] {
+        assert_eq!(delete_volume(&cluster, image).await, Deleted::Removed);
+    }
+    rbd_volume::delete_snapshot(&cluster, pool(), &snap.image)
+        .await
+        .unwrap();
+    assert!(!cluster.image_exists(pool(), &snap.image).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_snapshot_deleted_while_a_restore_needs_it_waits_in_the_trash_until_the_restore_goes() {
+    let cluster = cluster().await;
+    let source = "snap-del-src";
+    volume(&cluster, source, 8 * MIB).await;
+    write(source, 0, "restored data");
+    let snap = snapshot(&cluster, source, "snapshot-del").await;
+    restore(&cluster, "snap-del-r", 8 * MIB, &snap).await;
+
+    assert_eq!(
+        rbd_volume::delete_snapshot(&cluster, pool(), &snap.image)
+            .await
+            .unwrap(),
+        SnapshotDeleted::Trashed
+    );
+    assert_eq!(
+        rbd_volume::find_snapshot(&cluster, pool(), &snap.image)
+            .await
+            .unwrap(),
+        None,
+        "a deleted snapshot is not found"
+    );
+    assert!(trash_names(&cluster).await.contains(&snap.image));
+    assert_eq!(read("snap-del-r", 0, 13), "restored data");
+    // a second delete is fine, and the source no longer depends on anything
+    assert_eq!(
+        rbd_volume::delete_snapshot(&cluster, pool(), &snap.image)
+            .await
+            .unwrap(),
+        SnapshotDeleted::AlreadyGone
+    );
+    assert_eq!(delete_volume(&cluster, source).await, Deleted::Removed);
+    assert_eq!(read("snap-del-r", 0, 13), "restored data");
+
+    // the restore's delete purges the trashed snapshot image it was the last clone of
+    assert_eq!(
+        delete_volume(&cluster, "snap-del-r").await,
+        Deleted::Removed
+    );
+    assert!(
+        !trash_names(&cluster).await.contains(&snap.image),
+        "the trashed snapshot image is purged"
+    );
+}
+
+#[tokio::test]
+async fn a_ten_deep_chain_of_clones_stays_readable_and_is_flattened_at_the_depth_limit() {
+    let cluster = cluster().await;
+    let names: Vec<String> = (0..=10).map(|i| format!("chain-{i}")).collect();
+    volume(&cluster, &names[0], 8 * MIB).await;
+    write(&names[0], 0, "generation 0");
+    let mut flattened = 0;
+    for i in 1..=10 {
+        let parent = &names[i - 1];
+        clone(
+            &cluster,
+            &names[i],
+            8 * MIB,
+            Source::Volume {
+                pool: pool(),
+                image: parent,
+            },
+            &volume_id(parent),
+        )
+        .await
+        .unwrap();
+        write(&names[i], (i as u64) * 4096, &format!("generation {i}"));
+        let d = depth(&cluster, pool(), &names[i]).await.unwrap();
+        assert!(d <= MAX_CHAIN_DEPTH, "{} is {d} deep", names[i]);
+        if cluster.parent(pool(), &names[i]).await.unwrap().is_none() {
+            flattened += 1;
+        }
+        // every image a read may walk is within the limit: count the real parents
+        let mut hops = 0;
+        let mut at = names[i].clone();
+        while let Some(p) = cluster.parent(pool(), &at).await.unwrap() {
+            hops += 1;
+            at = p.image;
+        }
+        assert!(
+            hops <= MAX_CHAIN_DEPTH,
+            "{} reads through {hops} parents",
+            names[i]
+        );
+    }
+    assert!(flattened >= 1, "the chain was flattened somewhere");
+    assert_eq!(read(&names[10], 0, 12), "generation 0");
+    for i in 1..=10 {
+        let text = format!("generation {i}");
+        assert_eq!(read(&names[10], (i as u64) * 4096, text.len()), text);
+    }
+    assert!(
+        cluster
+            .metadata_get(pool(), &names[10], META_DEPTH)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // deleting from the root down keeps every later generation readable
+    for i in 0..10 {
+        assert_eq!(delete_volume(&cluster, &names[i]).await, Deleted::Removed);
+        assert_eq!(read(&names[10], 0, 12), "generation 0");
+    }
+    assert_eq!(delete_volume(&cluster, &names[10]).await, Deleted::Removed);
+    let left: Vec<String> = cluster
+        .list_images(pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.starts_with("chain-") || i.starts_with("csi-clone-"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let trash: Vec<String> = trash_names(&cluster)
+        .await
+        .into_iter()
+        .filter(|n| n.starts_with("csi-clone-"))
+        .collect();
+    assert!(trash.is_empty(), "left in the trash: {trash:?}");
+}
