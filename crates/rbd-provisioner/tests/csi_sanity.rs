@@ -288,8 +288,17 @@ fn upstream_csi_sanity_passes_on_micro_ceph_with_the_fuse_mapper() {
         count("Skipped"),
         "every skipped spec has a reason"
     );
-    // Skips only for capabilities the driver does not advertise (snapshots, cloning, publish,
-    // ListVolumes, modify, group controller): nothing the driver claims is skipped.
+    // Snapshots and cloning are served: none of their specs may be skipped.
+    let snapshot_skips: Vec<&String> = reasons
+        .keys()
+        .filter(|r| r.contains("Snapshot") || r.contains("Cloning"))
+        .collect();
+    assert!(
+        snapshot_skips.is_empty(),
+        "snapshot or cloning specs skipped: {snapshot_skips:?}"
+    );
+    // Skips only for capabilities the driver does not advertise (publish, ListVolumes, modify,
+    // group controller): nothing the driver claims is skipped.
     let unexpected: Vec<&String> = reasons
         .keys()
         .filter(|r| !r.to_ascii_lowercase().ends_with("not supported"))
@@ -303,8 +312,21 @@ fn upstream_csi_sanity_passes_on_micro_ceph_with_the_fuse_mapper() {
     // The suite unstaged and deleted what it made: no mount, rbd-fuse or image is left.
     assert_eq!(mounts_under(d), Vec::<String>::new(), "mounts left behind");
     let images = ceph.rbd(&["ls", &ceph.pool]).expect("rbd ls");
-    let left: Vec<&str> = images.lines().filter(|i| i.starts_with("sanity")).collect();
+    // snapshot images and clone intermediates of the snapshot and cloning specs included
+    let made_here = |i: &str| {
+        i.starts_with("sanity") || i.starts_with("csi-snap-") || i.starts_with("csi-clone-")
+    };
+    let left: Vec<&str> = images.lines().filter(|i| made_here(i)).collect();
     assert!(left.is_empty(), "images left behind: {left:?}");
+    let trash = ceph
+        .rbd(&["trash", "ls", &ceph.pool])
+        .expect("rbd trash ls");
+    let left: Vec<&str> = trash
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|i| made_here(i))
+        .collect();
+    assert!(left.is_empty(), "trash entries left behind: {left:?}");
 }
 
 #[test]
