@@ -233,6 +233,30 @@ fn served_resources(crd: &Value) -> Vec<&'static ResourceInfo> {
         .collect()
 }
 
+/// `version.CompareKubeAwareVersionStrings` as a sort key (greater is preferred): GA over beta
+/// over alpha, then higher major, then higher minor; other strings after all of those, in
+/// reverse lexicographic key order so that the ascending ones come first.
+fn version_priority(v: &str) -> (u8, u64, u64, std::cmp::Reverse<String>) {
+    let kube = v.strip_prefix('v').and_then(|rest| {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let major: u64 = rest[..digits].parse().ok()?;
+        let tail = &rest[digits..];
+        if tail.is_empty() {
+            return Some((3, major, 0));
+        }
+        let (rank, minor) = if let Some(m) = tail.strip_prefix("beta") {
+            (2, m)
+        } else {
+            (1, tail.strip_prefix("alpha")?)
+        };
+        Some((rank, major, minor.parse().ok()?))
+    });
+    match kube {
+        Some((rank, major, minor)) => (rank, major, minor, std::cmp::Reverse(String::new())),
+        None => (0, 0, 0, std::cmp::Reverse(v.to_string())),
+    }
+}
+
 /// The resources defined by the CRDs in the store (one registry per emulator).
 #[derive(Default)]
 pub(crate) struct Registry {
@@ -295,6 +319,9 @@ impl Registry {
             }
         }
         out.sort_by_key(|(g, _)| *g);
+        for (_, versions) in &mut out {
+            versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
+        }
         out
     }
 

@@ -548,6 +548,11 @@ async fn deleting_the_crd_deletes_its_objects_after_their_finalizers() {
     api.create(&PostParams::default(), &held).await.unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(emu.client());
     let name = "volumesnapshotcontents.snapshot.storage.k8s.io";
+    let mut watch = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
     crds.delete(name, &DeleteParams::default()).await.unwrap();
     // The free object goes, the held one is terminating, and so is the CRD.
     eventually("free object deleted", Duration::from_secs(5), || {
@@ -589,6 +594,20 @@ async fn deleting_the_crd_deletes_its_objects_after_their_finalizers() {
         api_err(api.list(&Default::default()).await.unwrap_err()).code,
         404
     );
+    // Open watches saw the objects go, then ended with the resource.
+    let mut deleted = Vec::new();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(5), watch.try_next())
+            .await
+            .expect("the watch ends");
+        match next.unwrap() {
+            Some(WatchEvent::Deleted(o)) => deleted.push(o.metadata.name.unwrap()),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    deleted.sort();
+    assert_eq!(deleted, ["free", "held"]);
     let apis = raw(&emu, "GET", "/apis/snapshot.storage.k8s.io/v1", None, "").await;
     let names: Vec<&str> = apis.body["resources"]
         .as_array()
@@ -726,4 +745,82 @@ async fn custom_resources_answer_json_to_protobuf_clients() {
         let resp = tower::ServiceExt::oneshot(emu.router(), req).await.unwrap();
         assert_eq!(resp.headers()["content-type"], "application/json", "{path}");
     }
+}
+
+#[tokio::test]
+async fn several_served_versions_share_storage_and_warn_when_deprecated() {
+    let emu = Emulator::builder().pv_controller(false).build();
+    let crds: Api<CustomResourceDefinition> = Api::all(emu.client());
+    let schema = json!({"openAPIV3Schema": {"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}}});
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com", "scope": "Namespaced",
+            "names": {"plural": "widgets", "kind": "Widget", "categories": ["all"]},
+            "versions": [
+                {"name": "v1beta1", "served": true, "storage": false, "deprecated": true, "schema": schema},
+                {"name": "v1", "served": true, "storage": true, "schema": schema},
+                {"name": "v1alpha1", "served": false, "storage": false, "schema": schema}
+            ]
+        }
+    }))
+    .unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    // Discovery: preferred version first by Kubernetes version priority, unserved ones absent.
+    let group = raw(&emu, "GET", "/apis/example.com", None, "").await;
+    assert_eq!(group.body["preferredVersion"]["version"], "v1");
+    let versions: Vec<&str> = group.body["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["version"].as_str())
+        .collect();
+    assert_eq!(versions, ["v1", "v1beta1"]);
+    let r = raw(&emu, "GET", "/apis/example.com/v1alpha1/widgets", None, "").await;
+    assert_eq!(r.status, 404);
+    // Written through v1beta1 (with the deprecation warning), read through v1.
+    let r = raw(
+        &emu,
+        "POST",
+        "/apis/example.com/v1beta1/namespaces/default/widgets",
+        Some("application/json"),
+        r#"{"apiVersion":"example.com/v1beta1","kind":"Widget","metadata":{"name":"w"},"spec":{"size":3}}"#,
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.body["apiVersion"], "example.com/v1beta1");
+    assert_eq!(
+        r.headers["warning"],
+        "299 - \"example.com/v1beta1 Widget is deprecated\""
+    );
+    let v1 = raw(
+        &emu,
+        "GET",
+        "/apis/example.com/v1/namespaces/default/widgets/w",
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(v1.body["apiVersion"], "example.com/v1");
+    assert_eq!(v1.body["spec"]["size"], 3);
+    assert!(v1.headers.get("warning").is_none());
+    let list = raw(&emu, "GET", "/apis/example.com/v1beta1/widgets", None, "").await;
+    assert_eq!(list.body["kind"], "WidgetList");
+    assert_eq!(list.body["apiVersion"], "example.com/v1beta1");
+    // Wrong type for the schema.
+    let bad = raw(
+        &emu,
+        "POST",
+        "/apis/example.com/v1/namespaces/default/widgets",
+        Some("application/json"),
+        r#"{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"x"},"spec":{"size":"big"}}"#,
+    )
+    .await;
+    assert_eq!(bad.status, 422, "{}", bad.text);
+    assert_eq!(
+        bad.body["details"]["causes"][0],
+        json!({"reason": "FieldValueInvalid", "field": "spec.size",
+               "message": "Invalid value: \"string\": spec.size in body must be of type integer: \"string\""})
+    );
 }

@@ -241,11 +241,39 @@ async fn route(shared: Arc<Shared>, req: Request) -> Response {
         }
     };
     tracing::debug!(verb, resource = %resource, path = %path, "request");
+    let deprecation = target.res.custom.and_then(|c| c.deprecation.as_deref());
+    let resp = serve_verb(verb, shared, target, query, parts.headers, body).await;
+    match deprecation {
+        Some(text) => with_warning(resp, text),
+        None => resp,
+    }
+}
+
+/// Adds a `Warning: 299 - "..."` header (a deprecated custom resource version).
+fn with_warning(mut resp: Response, text: &str) -> Response {
+    let value = format!(
+        "299 - \"{}\"",
+        text.replace('\\', "\\\\").replace('"', "\\\"")
+    );
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        resp.headers_mut().append(header::WARNING, v);
+    }
+    resp
+}
+
+async fn serve_verb(
+    verb: &str,
+    shared: Arc<Shared>,
+    target: Target,
+    query: Query,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let ctx = Ctx {
         shared,
         target,
         query,
-        headers: parts.headers,
+        headers,
         body,
     };
     let result = match verb {

@@ -389,7 +389,13 @@ impl Store {
         if storage == crate::crd::CRDS {
             match &written {
                 Written::Created(o) | Written::Updated(o) => self.crds.sync(&key.1, Some(o)),
-                Written::Finalized(_) | Written::Removed(_) => self.crds.sync(&key.1, None),
+                Written::Finalized(_) | Written::Removed(_) => {
+                    // The resource is no longer served: its watches end, as upstream.
+                    if let Some(gone) = self.crds.storage_of(&key.1) {
+                        st.watchers.retain(|w| w.storage != gone);
+                    }
+                    self.crds.sync(&key.1, None)
+                }
                 Written::Unchanged(_) | Written::Aborted => {}
             }
         }
