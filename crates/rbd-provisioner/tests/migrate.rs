@@ -655,7 +655,10 @@ async fn bad_inputs_are_refused_one_by_one_and_the_others_migrate() {
     .await;
     let no_image = legacy_volume(&h, "no-image", 0, "16Mi", |_| {}).await;
     let smaller = legacy_volume(&h, "smaller", 16, "32Mi", |_| {}).await;
+    // a static PV an admin wrote, with the key in a file on the nodes
     let keyring = legacy_volume(&h, "keyring", 16, "16Mi", |pv| {
+        pv["metadata"]["annotations"] = json!({});
+        pv["spec"]["persistentVolumeReclaimPolicy"] = json!("Retain");
         let rbd = pv["spec"]["rbd"].as_object_mut().unwrap();
         rbd.remove("secretRef");
         rbd.insert("keyring".into(), json!("/etc/ceph/keyring"));
