@@ -752,7 +752,9 @@ async fn several_served_versions_share_storage_and_warn_when_deprecated() {
     let emu = Emulator::builder().pv_controller(false).build();
     let crds: Api<CustomResourceDefinition> = Api::all(emu.client());
     let schema = json!({"openAPIV3Schema": {"type": "object", "properties": {
-        "spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}}});
+        "spec": {"type": "object", "properties": {
+            "size": {"type": "integer"},
+            "color": {"type": "string", "default": "blue"}}}}}});
     let crd: CustomResourceDefinition = serde_json::from_value(json!({
         "metadata": {"name": "widgets.example.com"},
         "spec": {
@@ -804,6 +806,7 @@ async fn several_served_versions_share_storage_and_warn_when_deprecated() {
     .await;
     assert_eq!(v1.body["apiVersion"], "example.com/v1");
     assert_eq!(v1.body["spec"]["size"], 3);
+    assert_eq!(v1.body["spec"]["color"], "blue", "schema default applied");
     assert!(v1.headers.get("warning").is_none());
     let list = raw(&emu, "GET", "/apis/example.com/v1beta1/widgets", None, "").await;
     assert_eq!(list.body["kind"], "WidgetList");

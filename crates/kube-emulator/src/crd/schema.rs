@@ -71,6 +71,41 @@ fn prune(v: &mut Value, schema: &Value, path: &str, unknown: &mut Vec<String>) {
     }
 }
 
+/// Structural defaulting: a property with a `default` that is absent from an object present
+/// in the body gets it (after pruning, so dropped nulls are defaulted too).
+fn apply_defaults(v: &mut Value, schema: &Value) {
+    match v {
+        Value::Object(map) => {
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (k, ps) in props {
+                    if !map.contains_key(k)
+                        && let Some(d) = ps.get("default")
+                    {
+                        map.insert(k.clone(), d.clone());
+                    }
+                }
+                for (k, child) in map.iter_mut() {
+                    if let Some(ps) = props.get(k) {
+                        apply_defaults(child, ps);
+                    }
+                }
+            } else if let Some(add) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+                for child in map.values_mut() {
+                    apply_defaults(child, add);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(is) = schema.get("items") {
+                for item in items {
+                    apply_defaults(item, is);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Decodes a custom resource body: `metadata` through `ObjectMeta` (unknown metadata fields
 /// dropped), the rest pruned with the version's schema. Returns the object and the unknown
 /// field paths.
@@ -104,6 +139,7 @@ pub(crate) fn decode_custom(
             .collect();
         let mut rest_value = Value::Object(std::mem::take(&mut rest));
         prune(&mut rest_value, &custom.schema, "", &mut unknown);
+        apply_defaults(&mut rest_value, &custom.schema);
         map.retain(|k, _| matches!(k.as_str(), "apiVersion" | "kind" | "metadata"));
         if let Value::Object(pruned) = rest_value {
             map.extend(pruned);
