@@ -634,17 +634,31 @@ async fn finish(
             .map(|d| d.as_nanos())
             .unwrap_or_default();
         let annotations = BTreeMap::from([(plan::ANN_CLAIM_MIGRATED_AT, now.to_string())]);
-        match claims
-            .patch(
-                claim,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if not_found(&e) => detail = "the claim is gone; the PV is Released".into(),
-            Err(e) => return Err(format!("updating claim {}: {e}", row.claim)),
+        match claims.get_opt(claim).await {
+            Ok(Some(c)) if c.metadata.uid == legacy.claim_uid => {
+                // the resourceVersion read makes it a write to this very object; a conflict
+                // means it was just updated by someone else, which syncs it just as well
+                let patch = json!({"metadata": {
+                    "resourceVersion": c.metadata.resource_version,
+                    "annotations": annotations,
+                }});
+                match claims
+                    .patch(claim, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(e) if conflict(&e) => {}
+                    Err(e) if not_found(&e) => {
+                        detail = "the claim is gone; the PV is Released".into();
+                    }
+                    Err(e) => return Err(format!("updating claim {}: {e}", row.claim)),
+                }
+            }
+            Ok(Some(_)) => {
+                detail = "the claim was replaced by another object; the PV is Released".into();
+            }
+            Ok(None) => detail = "the claim is gone; the PV is Released".into(),
+            Err(e) => return Err(format!("reading claim {}: {e}", row.claim)),
         }
         crashpoint::hit("migrate-after-claim-update");
     }

@@ -18,7 +18,8 @@ use crate::pv_build::{ANN_ADMIN_ID, ANN_LEGACY_IDENTITY};
 
 /// Annotation on a migrated PV: the volume source it had before (`rbd`).
 pub const ANN_MIGRATED_FROM: &str = "provisioner.ceph.com/migrated-from";
-/// Annotation the migration sets on the claim once its new PV exists (seconds since the epoch).
+/// Annotation the migration sets on the claim once its new PV exists (nanoseconds since the
+/// epoch: a new value each time, so each run's write is an update).
 /// Writing it is an update of the claim, which makes kube-controller-manager sync the claim and
 /// bind it again at once instead of on its next periodic resync.
 pub const ANN_CLAIM_MIGRATED_AT: &str = "provisioner.ceph.com/migrated-at";
