@@ -683,3 +683,40 @@ pub(crate) fn strategic_merge_refused() -> ApiError {
         )
     }
 }
+
+/// The `snapshot.storage.k8s.io/v1` CRDs of `deploy/snapshot-crds/` (VolumeSnapshotClass,
+/// VolumeSnapshotContent, VolumeSnapshot), as YAML.
+pub const SNAPSHOT_CRDS: [&str; 3] = [
+    include_str!("../../../deploy/snapshot-crds/volumesnapshotclasses.yaml"),
+    include_str!("../../../deploy/snapshot-crds/volumesnapshotcontents.yaml"),
+    include_str!("../../../deploy/snapshot-crds/volumesnapshots.yaml"),
+];
+
+/// Stores a CRD (YAML) as a create through the API would; an existing one is kept. Must run
+/// inside a tokio runtime (it starts the CRD finalizer task).
+pub(crate) fn install(
+    store: &std::sync::Arc<crate::store::Store>,
+    yaml: &str,
+) -> Result<(), ApiError> {
+    let body: Value = serde_yaml::from_str(yaml)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+    let res = crate::resources::find("apiextensions.k8s.io", "v1", CRDS)
+        .ok_or_else(|| ApiError::internal("no CRD resource"))?;
+    let mut obj = crate::schema::decode(res, body, true)?.object;
+    if let Some(meta) = obj_mut(&mut obj, "metadata") {
+        meta.remove("resourceVersion");
+        meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        meta.insert("creationTimestamp".into(), json!(now_time()));
+    }
+    on_create_crd(&mut obj);
+    validate_crd(&obj, None)?;
+    let key = (String::new(), util::name_of(&obj).to_string());
+    store.write(CRDS, &key, crate::store::Origin::Client, |_, existing| {
+        Ok(match existing {
+            Some(_) => crate::store::Action::Keep,
+            None => crate::store::Action::Put(obj),
+        })
+    })?;
+    ensure_cleanup(store);
+    Ok(())
+}

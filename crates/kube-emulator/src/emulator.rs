@@ -94,6 +94,7 @@ impl std::fmt::Debug for Emulator {
 pub struct EmulatorBuilder {
     pv_controller: bool,
     snapshot_controller: bool,
+    snapshot_crds: bool,
     watch_history: usize,
     resync_period: Duration,
     record_requests: bool,
@@ -105,6 +106,7 @@ impl Default for EmulatorBuilder {
         EmulatorBuilder {
             pv_controller: true,
             snapshot_controller: true,
+            snapshot_crds: false,
             watch_history: DEFAULT_WATCH_HISTORY,
             resync_period: Duration::from_secs(15),
             record_requests: false,
@@ -126,6 +128,13 @@ impl EmulatorBuilder {
     /// `snapshot.storage.k8s.io` CRDs are created. Default: on.
     pub fn snapshot_controller(mut self, on: bool) -> Self {
         self.snapshot_controller = on;
+        self
+    }
+
+    /// Creates the `snapshot.storage.k8s.io/v1` CRDs of `deploy/snapshot-crds/` at start (as on
+    /// a cluster with the snapshot add-on installed). Default: off.
+    pub fn snapshot_crds(mut self, on: bool) -> Self {
+        self.snapshot_crds = on;
         self
     }
 
@@ -172,6 +181,13 @@ impl EmulatorBuilder {
         let store = Arc::new(Store::new(self.watch_history, WATCH_QUEUE));
         for ns in ["default", "kube-node-lease", "kube-public", "kube-system"] {
             seed_namespace(&store, ns);
+        }
+        if self.snapshot_crds {
+            for yaml in crate::crd::SNAPSHOT_CRDS {
+                if let Err(e) = crate::crd::install(&store, yaml) {
+                    tracing::error!(error = %e, "installing a snapshot CRD failed");
+                }
+            }
         }
         let controller = self.pv_controller.then(|| {
             let rx = store.subscribe();

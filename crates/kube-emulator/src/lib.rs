@@ -33,6 +33,7 @@ mod store;
 mod util;
 mod validation;
 
+pub use crd::SNAPSHOT_CRDS;
 pub use emulator::{DEFAULT_WATCH_HISTORY, Emulator, EmulatorBuilder, RequestRecord};
 pub use faults::Faults;
 pub use server::ServerHandle;

@@ -591,3 +591,52 @@ async fn preprovisioned_content_binds_to_the_snapshot_it_names() {
         "VolumeSnapshotContent [imported] is bound to a different snapshot"
     );
 }
+
+#[tokio::test]
+async fn snapshot_crds_can_be_installed_at_start() {
+    let emu = Emulator::builder().snapshot_crds(true).build();
+    let crds: Api<CustomResourceDefinition> = Api::all(emu.client());
+    let names: Vec<String> = crds
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "volumesnapshotclasses.snapshot.storage.k8s.io",
+            "volumesnapshotcontents.snapshot.storage.k8s.io",
+            "volumesnapshots.snapshot.storage.k8s.io"
+        ]
+    );
+    assert_eq!(kube_emulator::SNAPSHOT_CRDS.len(), 3);
+    let snapshots: Api<DynamicObject> = Api::namespaced_with(
+        emu.client(),
+        "default",
+        &ar("VolumeSnapshot", "volumesnapshots"),
+    );
+    assert!(
+        snapshots
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    // They are ordinary CRDs: deleting one stops serving it.
+    crds.delete(
+        "volumesnapshots.snapshot.storage.k8s.io",
+        &DeleteParams::default(),
+    )
+    .await
+    .unwrap();
+    let gone = eventually("CRD deleted", WAIT, || {
+        let snapshots = snapshots.clone();
+        async move { snapshots.list(&ListParams::default()).await.err() }
+    })
+    .await;
+    assert!(matches!(gone, kube::Error::Api(s) if s.code == 404));
+}
