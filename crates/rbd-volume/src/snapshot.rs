@@ -28,6 +28,12 @@
 //!   [`MAX_CHAIN_DEPTH`] parents. ceph-csi flattens in the background past a soft limit of 4 and
 //!   inline past 8; without a mgr there is no background, so one limit, ceph-csi's soft one.
 //!
+//! Inherited metadata: librbd copies a parent's metadata into each clone. A snapshot image or
+//! clone intermediate gets the source's volume record overwritten with a provisioner `-` and an
+//! empty PV (`ceph-rbd` has no metadata removal), so nothing reads it as the source's volume; a
+//! clone cut before its own record compares its keys with its parent's and ignores the equal
+//! (inherited) ones, so it is adopted rather than refused as another volume's.
+//!
 //! Crash consistency: each step is found again by the next attempt (the names are
 //! deterministic, the record is written before the snapshot `N@N`, the request name key last):
 //! an image without record is adopted and completed, a leftover temporary snapshot is reused
@@ -296,7 +302,7 @@ pub async fn create_snapshot(
     new: &NewSnapshot<'_>,
 ) -> Result<Snapshot, SnapshotError> {
     let (pool, image) = (new.pool, new.image);
-    let recorded = match cluster.metadata_list(pool, image).await {
+    let recorded = match own_metadata(cluster, pool, image).await {
         Ok(meta) => {
             if let Some(existing) = SnapshotOwner::from_metadata(&meta)
                 && (existing.name != new.owner.name || existing.source != new.owner.source)
@@ -316,14 +322,17 @@ pub async fn create_snapshot(
         }
         Err(e) => return Err(e.into()),
     };
-    let missing = missing_entries(&recorded, &new.owner.entries());
+    // The record is written last: once it is there, the depth is bounded too.
+    if SnapshotOwner::from_metadata(&recorded).is_none() {
+        bound_depth(cluster, pool, image).await?;
+    }
+    let mut entries = NOT_A_VOLUME.to_vec();
+    entries.extend(new.owner.entries());
+    let missing = missing_entries(&recorded, &entries);
     if !missing.is_empty() {
         cluster
             .metadata_set_many(pool, image, missing, None)
             .await?;
-    }
-    if !recorded.contains_key(META_DEPTH) {
-        bound_depth(cluster, pool, image).await?;
     }
     // The clone holds what it needs; the temporary snapshot goes (to the source's snapshot
     // trash while the clone depends on it). The source may be gone already after a crash.
@@ -412,6 +421,37 @@ async fn clone_replacing_partial(
             target: format!("{pool}/{image}"),
         },
     )))
+}
+
+/// Written on internal images over the volume record a clone inherits from its parent (librbd
+/// copies a parent's metadata into a clone): a provisioner `-` that no provisioner or driver
+/// has, so `gc` and the volume checks never take a snapshot image for the source's volume.
+const NOT_A_VOLUME: [(&str, &str); 3] = [
+    (crate::owner::META_PROVISIONER, "-"),
+    (crate::owner::META_CLAIM, ""),
+    (crate::owner::META_PV, ""),
+];
+
+/// The metadata of `pool/image` without what it inherited: librbd copies a parent's metadata
+/// into a clone, so a clone cut before its own record carries its parent's (which must read as
+/// no record, not as another volume's). Keys equal to the parent's count as inherited.
+async fn own_metadata(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+) -> Result<BTreeMap<String, String>, ceph_rbd::Error> {
+    let mut meta = cluster.metadata_list(pool, image).await?;
+    if let Some(parent) = cluster.parent(pool, image).await?
+        && !parent.in_trash
+    {
+        let inherited = match cluster.metadata_list(&parent.pool, &parent.image).await {
+            Ok(m) => m,
+            Err(e) if e.is_not_found() => BTreeMap::new(),
+            Err(e) => return Err(e),
+        };
+        meta.retain(|key, value| inherited.get(key) != Some(value));
+    }
+    Ok(meta)
 }
 
 fn missing_entries(
@@ -644,7 +684,7 @@ pub struct NewClone<'a> {
 /// [`SnapshotError::OtherContent`], [`Error::Foreign`] for another volume's image, Ceph errors.
 pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensured, SnapshotError> {
     let (pool, image) = (new.pool, new.image);
-    let (recorded, outcome) = match cluster.metadata_list(pool, image).await {
+    let (recorded, outcome) = match own_metadata(cluster, pool, image).await {
         Ok(meta) => {
             let outcome = match ownership(&meta, &new.owner.pv) {
                 Ownership::Foreign(owner) => {
@@ -678,18 +718,24 @@ pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensur
         Err(e) => return Err(e.into()),
     };
     let size = fit_clone(cluster, new).await?;
-    let mut entries = vec![(META_CONTENT_SOURCE, new.source_id)];
+    // The owner record is written last: once it is there, the depth is bounded too.
+    if outcome != Outcome::Reused {
+        bound_depth(cluster, pool, image).await?;
+    }
     let intermediate = match new.source {
         Source::Volume {
             pool: source_pool, ..
-        } => Some(format!(
-            "{source_pool}/{}",
-            clone_intermediate_name(pool, image)
-        )),
-        Source::Snapshot { .. } => None,
+        } => format!("{source_pool}/{}", clone_intermediate_name(pool, image)),
+        Source::Snapshot { .. } => String::new(),
     };
-    if let Some(i) = &intermediate {
-        entries.push((META_CLONE_INTERMEDIATE, i.as_str()));
+    // Inherited keys are overwritten (librbd has no call here to remove them): an empty
+    // intermediate and claim mean none.
+    let mut entries = vec![
+        (META_CONTENT_SOURCE, new.source_id),
+        (META_CLONE_INTERMEDIATE, intermediate.as_str()),
+    ];
+    if new.owner.claim.is_empty() {
+        entries.push((crate::owner::META_CLAIM, ""));
     }
     entries.extend(new.owner.entries());
     let missing = missing_entries(&recorded, &entries);
@@ -697,9 +743,6 @@ pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensur
         cluster
             .metadata_set_many(pool, image, missing, None)
             .await?;
-    }
-    if !recorded.contains_key(META_DEPTH) {
-        bound_depth(cluster, pool, image).await?;
     }
     Ok(Ensured { outcome, size })
 }

@@ -8,7 +8,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use ceph_rbd::{ClusterConfig, ConnectionPool, CreateOptions, PoolOptions, Secret};
-use rbd_volume::snapshot::{META_DEPTH, depth, snapshot_image_name};
+use rbd_volume::snapshot::{
+    META_CLONE_INTERMEDIATE, META_CONTENT_SOURCE, META_DEPTH, depth, snapshot_image_name,
+};
 use rbd_volume::{
     Claimant, Deleted, Ensured, Fit, Hooks, MAX_CHAIN_DEPTH, NewClone, NewImage, NewSnapshot,
     Outcome, Owner, Snapshot, SnapshotDeleted, SnapshotError, SnapshotOwner, Source,
@@ -85,7 +87,10 @@ fn volume_id(image: &str) -> String {
 }
 
 async fn volume(cluster: &ceph_rbd::Cluster, image: &str, size: u64) {
-    let owner = owner(image);
+    let owner = Owner {
+        claim: format!("ns/{image}"),
+        ..owner(image)
+    };
     rbd_volume::ensure(
         cluster,
         &NewImage {
@@ -211,6 +216,31 @@ async fn a_restore_reads_the_data_from_before_the_snapshot_and_a_larger_one_is_g
         16 * MIB
     );
     assert_eq!(read("snap-data-restore", 0, 19), "before the snapshot");
+    // librbd copies a parent's metadata into its clones: none of the source's record shows
+    let snap_meta = cluster.metadata_list(pool(), &snap.image).await.unwrap();
+    let as_volume = Owner::from_metadata(&snap_meta).unwrap();
+    assert_eq!(
+        (
+            as_volume.pv.as_str(),
+            as_volume.claim.as_str(),
+            as_volume.provisioner.as_str()
+        ),
+        ("", "", "-"),
+        "the snapshot image is no volume's image"
+    );
+    let restore_meta = cluster
+        .metadata_list(pool(), "snap-data-restore")
+        .await
+        .unwrap();
+    assert_eq!(
+        Owner::from_metadata(&restore_meta),
+        Some(owner("snap-data-restore"))
+    );
+    assert_eq!(
+        restore_meta[META_CONTENT_SOURCE],
+        format!("snapshot {}", snap.image)
+    );
+    assert_eq!(restore_meta[META_CLONE_INTERMEDIATE], "");
     assert_eq!(read("snap-data-restore", 7 * MIB, 17), "end of the source");
     assert_eq!(read(source, 0, 19), "AFTER  the snapshot");
     // a retry finds it; another source for the same volume is refused
@@ -459,4 +489,67 @@ async fn a_ten_deep_chain_of_clones_stays_readable_and_is_flattened_at_the_depth
         .filter(|n| n.starts_with("csi-clone-"))
         .collect();
     assert!(trash.is_empty(), "left in the trash: {trash:?}");
+}
+
+#[tokio::test]
+async fn what_a_crash_leaves_midway_is_completed_by_the_retry_or_cleaned_up_by_the_source_delete() {
+    let cluster = cluster().await;
+    let source = "snap-crash-src";
+    volume(&cluster, source, 8 * MIB).await;
+    write(source, 0, "crash-safe");
+    let options = CreateOptions::default();
+
+    // a crash after the temporary snapshot: the retry clones from it and removes it
+    let image = snapshot_image_name("snapshot-crash-a");
+    let temp = format!("csi-tmp-{image}");
+    cluster.snap_create(pool(), source, &temp).await.unwrap();
+    let a = snapshot(&cluster, source, "snapshot-crash-a").await;
+    assert!(cluster.snap_list(pool(), source).await.unwrap().is_empty());
+
+    // a crash after the clone, before its record: adopted and completed
+    let image = snapshot_image_name("snapshot-crash-b");
+    let temp = format!("csi-tmp-{image}");
+    cluster.snap_create(pool(), source, &temp).await.unwrap();
+    cluster
+        .clone_image(pool(), source, &temp, pool(), &image, &options)
+        .await
+        .unwrap();
+    assert_eq!(
+        rbd_volume::find_snapshot(&cluster, pool(), &image)
+            .await
+            .unwrap(),
+        None,
+        "an unrecorded clone is no snapshot yet"
+    );
+    let b = snapshot(&cluster, source, "snapshot-crash-b").await;
+    assert_eq!(b.image, image);
+    assert!(cluster.snap_list(pool(), source).await.unwrap().is_empty());
+
+    // a restore cut before its record: adopted, grown and recorded
+    cluster
+        .clone_image(pool(), &b.image, &b.image, pool(), "snap-crash-r", &options)
+        .await
+        .unwrap();
+    let r = restore(&cluster, "snap-crash-r", 16 * MIB, &b).await;
+    assert_eq!((r.outcome, r.size), (Outcome::Adopted, 16 * MIB));
+    assert_eq!(read("snap-crash-r", 0, 10), "crash-safe");
+
+    // a snapshot never retried leaves its temporary snapshot: the source's delete removes it
+    cluster
+        .snap_create(pool(), source, "csi-tmp-never-retried")
+        .await
+        .unwrap();
+    assert_eq!(delete_volume(&cluster, source).await, Deleted::Removed);
+    assert_eq!(read("snap-crash-r", 0, 10), "crash-safe");
+
+    assert_eq!(
+        delete_volume(&cluster, "snap-crash-r").await,
+        Deleted::Removed
+    );
+    for snap in [a, b] {
+        rbd_volume::delete_snapshot(&cluster, pool(), &snap.image)
+            .await
+            .unwrap();
+        assert!(!cluster.image_exists(pool(), &snap.image).await.unwrap());
+    }
 }
