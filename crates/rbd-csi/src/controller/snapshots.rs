@@ -94,7 +94,8 @@ pub(super) async fn create(
         .encode()
         .map_err(|e| Status::invalid_argument(format!("source_volume_id: {e}")))?;
     let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
-    let _guard = ctl.locks.lock_or_abort(&format!("snapshot:{name}"))?;
+    // the same key as DeleteSnapshot's: a create and a delete of one snapshot never overlap
+    let _guard = ctl.locks.lock_or_abort(&snapshot_id)?;
     let cluster = ctl.cluster(&source.monitors, &user, &key).await?;
     ctl.remember_pool(&source.pool);
     let owner = SnapshotOwner {
