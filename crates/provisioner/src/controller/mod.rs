@@ -257,9 +257,23 @@ impl Controller {
             () = &mut shutdown => return Ok(()),
         };
         metrics.set_leader(&lease, true);
+        // Whether the stop was requested: a lease lost while draining after that ends the
+        // drain early, but the process still ends as asked (status 0), not as a lost leader.
+        let requested = std::sync::atomic::AtomicBool::new(false);
+        let stop = async {
+            (&mut shutdown).await;
+            requested.store(true, std::sync::atomic::Ordering::SeqCst);
+        };
         let result = tokio::select! {
-            result = self.run(&mut shutdown) => result,
-            () = leadership.lost() => Err(ControllerError::LeaseLost),
+            result = self.run(stop) => result,
+            () = leadership.lost() => {
+                if requested.load(std::sync::atomic::Ordering::SeqCst) {
+                    tracing::warn!(%lease, "lease lost while shutting down; in-flight work stopped");
+                    metrics.set_leader(&lease, false);
+                    return Ok(());
+                }
+                Err(ControllerError::LeaseLost)
+            }
         };
         metrics.set_leader(&lease, false);
         if !matches!(result, Err(ControllerError::LeaseLost)) {

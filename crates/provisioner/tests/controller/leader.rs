@@ -225,3 +225,37 @@ async fn stalled_renewals_stop_the_leader_before_its_lease_could_expire() {
         "the leader stopped {stopped:?} after its last renewal landed; a successor may take over after {lease_duration:?}"
     );
 }
+
+/// A lease lost while draining after a requested stop ends the drain, but the controller ends as
+/// asked (Ok: the process exits 0), not as a lost leader.
+#[tokio::test]
+async fn a_lease_lost_while_draining_after_a_stop_is_still_a_requested_stop() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "fast", ClassSpec::default()).await;
+    let backend = FakeBackend::new();
+    // provisioning hangs after creating the volume: the drain waits for it
+    *backend.gate.lock().unwrap() = Some(Arc::new(tokio::sync::Semaphore::new(0)));
+    let mut config = config();
+    config.shutdown_grace_period = std::time::Duration::from_secs(30);
+    let mut a = start_elected(client.clone(), config, backend.clone(), "a");
+    wait_for_holder(&client, "a").await;
+    let created = create_claim(&client, &claim("data", "fast", "1Gi")).await;
+    let pv_name = format!("pvc-{}", uid(&created));
+    wait_until("the volume is being provisioned", || {
+        backend.has_volume(&pv_name)
+    })
+    .await;
+    a.request_stop();
+    // then the API stops answering lease requests: the lease is lost during the drain
+    for verb in ["get", "update"] {
+        emu.faults()
+            .delay_next(verb, "leases", 1000, std::time::Duration::from_secs(60));
+    }
+    let result = tokio::time::timeout(DEADLINE, a.handle)
+        .await
+        .expect("the controller stops")
+        .unwrap();
+    assert!(result.is_ok(), "{result:?}");
+}

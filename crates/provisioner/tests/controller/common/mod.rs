@@ -62,6 +62,13 @@ impl Running {
             .expect("controller task panicked")
     }
 
+    /// Asks for a graceful shutdown without waiting for it.
+    pub fn request_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
     /// Simulated crash: the task is killed wherever it is.
     pub async fn crash(self) {
         self.handle.abort();
