@@ -304,8 +304,9 @@ impl Provisioner for RbdBackend {
             .map_err(DeleteError::failed)?;
         let (pool, image) = (&location.pool, &location.image);
         let claimant = Claimant::Volume(pv_name.clone());
-        // one open reads the owner record and the watchers before the removal
-        rbd_volume::delete(&cluster, pool, image, &claimant, &CRASH_POINTS)
+        // one open reads the owner record and the watchers before the removal; snapshot images
+        // and clone intermediates made from this volume (CSI snapshots) are released first
+        rbd_volume::delete_volume(&cluster, pool, image, &claimant, &CRASH_POINTS)
             .await
             .map(drop)
             .map_err(DeleteError::failed)
