@@ -35,17 +35,11 @@ impl VolumeId {
     /// # Errors
     /// A message saying what is malformed.
     pub fn parse(id: &str) -> Result<Self, String> {
-        let parts: Vec<&str> = id.split('/').collect();
-        match parts.as_slice() {
-            [PREFIX, monitors, pool, image]
-                if !monitors.is_empty() && !pool.is_empty() && !image.is_empty() =>
-            {
-                Ok(Self::new(monitors, pool, image))
-            }
-            _ => Err(format!(
-                "malformed volume id {id:?} (expected v1/<monitors>/<pool>/<image>)"
-            )),
-        }
+        split(PREFIX, id)
+            .map(|(monitors, pool, image)| Self::new(monitors, pool, image))
+            .ok_or_else(|| {
+                format!("malformed volume id {id:?} (expected v1/<monitors>/<pool>/<image>)")
+            })
     }
 
     /// The ID, checked against the length limit.
@@ -53,16 +47,40 @@ impl VolumeId {
     /// # Errors
     /// When the ID would exceed [`MAX_VOLUME_ID_LEN`].
     pub fn encode(&self) -> Result<String, String> {
-        let id = self.to_string();
-        if id.len() > MAX_VOLUME_ID_LEN {
-            return Err(format!(
-                "volume id {id:?} would be {} bytes, more than the {MAX_VOLUME_ID_LEN} Kubernetes \
-                 allows; list fewer monitors or use shorter pool names",
-                id.len()
-            ));
-        }
-        Ok(id)
+        within_limit("volume", self.to_string())
     }
+}
+
+/// `<prefix>/<monitors>/<pool>/<image>` split into its three non-empty parts (the shape of
+/// volume and snapshot IDs: `/` occurs in none of the parts).
+pub(crate) fn split<'a>(prefix: &str, id: &'a str) -> Option<(&'a str, &'a str, &'a str)> {
+    let mut parts = id.split('/');
+    match (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) {
+        (Some(p), Some(monitors), Some(pool), Some(image), None)
+            if p == prefix && !monitors.is_empty() && !pool.is_empty() && !image.is_empty() =>
+        {
+            Some((monitors, pool, image))
+        }
+        _ => None,
+    }
+}
+
+/// `id` if it fits the 128 bytes Kubernetes allows for CSI volume handles and snapshot handles.
+pub(crate) fn within_limit(kind: &str, id: String) -> Result<String, String> {
+    if id.len() > MAX_VOLUME_ID_LEN {
+        return Err(format!(
+            "{kind} id {id:?} would be {} bytes, more than the {MAX_VOLUME_ID_LEN} Kubernetes \
+             allows; list fewer monitors or use shorter pool names",
+            id.len()
+        ));
+    }
+    Ok(id)
 }
 
 impl fmt::Display for VolumeId {

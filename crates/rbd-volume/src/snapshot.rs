@@ -127,7 +127,7 @@ pub fn is_internal_image(name: &str) -> bool {
 }
 
 /// Longest snapshot ID Kubernetes accepts as a snapshot handle.
-pub const MAX_SNAPSHOT_ID_LEN: usize = 128;
+pub const MAX_SNAPSHOT_ID_LEN: usize = crate::id::MAX_VOLUME_ID_LEN;
 const SNAPSHOT_ID_PREFIX: &str = "s1";
 
 /// Snapshot IDs: `s1/<monitors>/<pool>/<snapshot image>`; with the call's credentials they
@@ -154,17 +154,14 @@ impl SnapshotId {
     /// # Errors
     /// A message saying what is malformed.
     pub fn parse(id: &str) -> Result<Self, String> {
-        let parts: Vec<&str> = id.split('/').collect();
-        match parts.as_slice() {
-            [SNAPSHOT_ID_PREFIX, monitors, pool, image]
-                if !monitors.is_empty() && !pool.is_empty() && is_snapshot_image(image) =>
-            {
-                Ok(Self::new(monitors, pool, image))
-            }
-            _ => Err(format!(
-                "malformed snapshot id {id:?} (expected s1/<monitors>/<pool>/csi-snap-<32 hex digits>)"
-            )),
-        }
+        crate::id::split(SNAPSHOT_ID_PREFIX, id)
+            .filter(|(_, _, image)| is_snapshot_image(image))
+            .map(|(monitors, pool, image)| Self::new(monitors, pool, image))
+            .ok_or_else(|| {
+                format!(
+                    "malformed snapshot id {id:?} (expected s1/<monitors>/<pool>/csi-snap-<32 hex digits>)"
+                )
+            })
     }
 
     /// The ID, checked against the length limit.
@@ -172,15 +169,7 @@ impl SnapshotId {
     /// # Errors
     /// When the ID would exceed [`MAX_SNAPSHOT_ID_LEN`].
     pub fn encode(&self) -> Result<String, String> {
-        let id = self.to_string();
-        if id.len() > MAX_SNAPSHOT_ID_LEN {
-            return Err(format!(
-                "snapshot id {id:?} would be {} bytes, more than the {MAX_SNAPSHOT_ID_LEN} Kubernetes \
-                 allows; list fewer monitors or use shorter pool names",
-                id.len()
-            ));
-        }
-        Ok(id)
+        crate::id::within_limit("snapshot", self.to_string())
     }
 }
 
