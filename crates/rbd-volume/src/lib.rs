@@ -16,6 +16,9 @@
 //! - [`lifecycle`]: create (and repair a half-created image), grow, delete with the owner and
 //!   watcher checks, with crash-point [`Hooks`] the binary passes in;
 //! - [`size`]: size limits in bytes;
+//! - [`clusters`]: the cluster config (ceph-csi's `config.json`): cluster names to monitors, re-read
+//!   when the file changes;
+//! - [`topology`]: `topologyConstrainedPools` and node topology: the pool for where a pod runs;
 //! - [`snapshot`]: snapshots (clone-v2 snapshot images `csi-snap-...`), restores and volume
 //!   clones, deletes that keep dependents working, chain depth bounded by flattening.
 //!
@@ -23,12 +26,14 @@
 //! in [`lifecycle`]. Nothing here knows Kubernetes or gRPC: each front door maps [`Error`] to its
 //! own error kinds.
 
+pub mod clusters;
 pub mod id;
 pub mod lifecycle;
 pub mod naming;
 pub mod owner;
 pub mod size;
 pub mod snapshot;
+pub mod topology;
 
 pub use id::{MAX_VOLUME_ID_LEN, VolumeId};
 pub use lifecycle::{
