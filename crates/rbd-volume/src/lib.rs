@@ -19,6 +19,8 @@
 //! - [`clusters`]: the cluster config (ceph-csi's `config.json`): cluster names to monitors, re-read
 //!   when the file changes;
 //! - [`topology`]: `topologyConstrainedPools` and node topology: the pool for where a pod runs;
+//! - [`qos`]: per-volume librbd QoS limits (`rbd_qos_*`) parsed, validated and set as image
+//!   configuration (enforced by librbd-based mappers, not by krbd);
 //! - [`snapshot`]: snapshots (clone-v2 snapshot images `csi-snap-...`), restores and volume
 //!   clones, deletes that keep dependents working, chain depth bounded by flattening.
 //!
@@ -31,6 +33,7 @@ pub mod id;
 pub mod lifecycle;
 pub mod naming;
 pub mod owner;
+pub mod qos;
 pub mod size;
 pub mod snapshot;
 pub mod topology;
@@ -42,6 +45,7 @@ pub use lifecycle::{
 };
 pub use naming::{DEFAULT_PREFIX, Naming, hex, is_safe_image_name, request_image_name};
 pub use owner::{META_CLAIM, META_PROVISIONER, META_PV, Owner, Ownership, ownership};
+pub use qos::{Qos, QosError};
 pub use snapshot::{
     MAX_CHAIN_DEPTH, NewClone, NewSnapshot, Snapshot, SnapshotDeleted, SnapshotError, SnapshotId,
     SnapshotOwner, Source, clone_volume, create_snapshot, delete_snapshot, delete_volume,

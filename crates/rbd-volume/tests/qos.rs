@@ -1,0 +1,141 @@
+//! QoS limits against a private Ceph cluster: `apply` writes librbd image configuration that
+//! librbd itself reports (`rbd config image get`, which resolves options through librbd), is
+//! idempotent, leaves keys it was not given alone, and refuses a burst below a stored limit
+//! without writing anything.
+
+use std::collections::BTreeMap;
+
+use ceph_rbd::{ClusterConfig, ConnectionPool, CreateOptions, PoolOptions, Secret};
+use rbd_volume::qos;
+
+const MIB: u64 = 1 << 20;
+
+async fn cluster() -> std::sync::Arc<ceph_rbd::Cluster> {
+    let ceph = micro_ceph::cluster();
+    let pool = ConnectionPool::new(PoolOptions::default());
+    pool.get(&ClusterConfig::new(
+        &ceph.monitors,
+        "admin",
+        Secret::new(ceph.admin_key.clone()),
+    ))
+    .await
+    .unwrap()
+}
+
+async fn image(cluster: &ceph_rbd::Cluster, name: &str) -> String {
+    let pool = &micro_ceph::cluster().pool;
+    cluster
+        .create_image(pool, name, 8 * MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    format!("{pool}/{name}")
+}
+
+/// What librbd resolves for the option on this image (image config overrides pool and client).
+fn librbd_value(spec: &str, option: &str) -> String {
+    micro_ceph::cluster()
+        .rbd(&["config", "image", "get", spec, option])
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn applied_limits_are_image_configuration_librbd_reports() {
+    let cluster = cluster().await;
+    let pool = &micro_ceph::cluster().pool;
+    let spec = image(&cluster, "qos-apply").await;
+    let wanted = qos::parse([
+        ("rbd_qos_iops_limit", "500"),
+        ("rbd_qos_iops_burst", "1k"),
+        ("rbd_qos_write_bps_limit", "10Mi"),
+    ])
+    .unwrap();
+
+    let applied = qos::apply(&cluster, pool, "qos-apply", &wanted)
+        .await
+        .unwrap();
+    assert_eq!(applied.changed.len(), 3);
+    assert_eq!(applied.now, wanted);
+
+    let meta = cluster.metadata_list(pool, "qos-apply").await.unwrap();
+    assert_eq!(
+        meta.get("conf_rbd_qos_iops_limit").map(String::as_str),
+        Some("500")
+    );
+    assert_eq!(
+        meta.get("conf_rbd_qos_iops_burst").map(String::as_str),
+        Some("1000")
+    );
+    assert_eq!(
+        meta.get("conf_rbd_qos_write_bps_limit").map(String::as_str),
+        Some("10485760")
+    );
+    assert_eq!(librbd_value(&spec, "rbd_qos_iops_limit"), "500");
+    assert_eq!(librbd_value(&spec, "rbd_qos_write_bps_limit"), "10485760");
+    assert_eq!(
+        qos::read(&cluster, pool, "qos-apply").await.unwrap(),
+        wanted
+    );
+}
+
+#[tokio::test]
+async fn apply_is_idempotent_and_leaves_absent_keys_alone() {
+    let cluster = cluster().await;
+    let pool = &micro_ceph::cluster().pool;
+    let spec = image(&cluster, "qos-idem").await;
+    let first = qos::parse([("rbd_qos_iops_limit", "100"), ("rbd_qos_bps_limit", "1Mi")]).unwrap();
+    qos::apply(&cluster, pool, "qos-idem", &first)
+        .await
+        .unwrap();
+
+    let again = qos::apply(&cluster, pool, "qos-idem", &first)
+        .await
+        .unwrap();
+    assert!(again.changed.is_empty(), "{:?}", again.changed);
+
+    // A second class that names only the IOPS limit: the bps limit stays; 0 lifts the limit.
+    let second = qos::parse([("rbd_qos_iops_limit", "0")]).unwrap();
+    let applied = qos::apply(&cluster, pool, "qos-idem", &second)
+        .await
+        .unwrap();
+    assert_eq!(applied.changed, BTreeMap::from([("rbd_qos_iops_limit", 0)]));
+    assert_eq!(librbd_value(&spec, "rbd_qos_iops_limit"), "0");
+    assert_eq!(librbd_value(&spec, "rbd_qos_bps_limit"), "1048576");
+}
+
+#[tokio::test]
+async fn a_limit_above_a_stored_burst_is_refused_and_nothing_is_written() {
+    let cluster = cluster().await;
+    let pool = &micro_ceph::cluster().pool;
+    image(&cluster, "qos-burst").await;
+    let first = qos::parse([("rbd_qos_bps_limit", "1Mi"), ("rbd_qos_bps_burst", "2Mi")]).unwrap();
+    qos::apply(&cluster, pool, "qos-burst", &first)
+        .await
+        .unwrap();
+
+    let higher = qos::parse([("rbd_qos_bps_limit", "4Mi"), ("rbd_qos_iops_limit", "7")]).unwrap();
+    let err = qos::apply(&cluster, pool, "qos-burst", &higher)
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid());
+    let text = err.to_string();
+    assert!(text.contains("rbd_qos_bps_burst=2097152"), "{text}");
+    assert!(text.contains("rbd_qos_bps_limit=4194304"), "{text}");
+    assert_eq!(qos::read(&cluster, pool, "qos-burst").await.unwrap(), first);
+}
+
+#[tokio::test]
+async fn missing_image_is_a_ceph_not_found_not_an_invalid_parameter() {
+    let cluster = cluster().await;
+    let pool = &micro_ceph::cluster().pool;
+    let wanted = qos::parse([("rbd_qos_iops_limit", "5")]).unwrap();
+    let err = qos::apply(&cluster, pool, "qos-missing", &wanted)
+        .await
+        .unwrap_err();
+    assert!(!err.is_invalid());
+    assert!(
+        matches!(&err, qos::QosError::Ceph(e) if e.is_not_found()),
+        "{err}"
+    );
+}
