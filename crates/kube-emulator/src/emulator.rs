@@ -1,6 +1,5 @@
 //! The public entry point: [`Emulator`] and its builder.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ const WATCH_QUEUE: usize = 4096;
 pub(crate) struct Shared {
     pub store: Arc<Store>,
     pub faults: Faults,
-    counts: Mutex<HashMap<(String, String), u64>>,
+    pub stats: Arc<crate::stats::Stats>,
     /// Every request, when recording is on (see [`EmulatorBuilder::record_requests`]).
     log: Option<Mutex<Vec<RequestRecord>>>,
 }
@@ -43,12 +42,6 @@ pub struct RequestRecord {
 }
 
 impl Shared {
-    pub(crate) fn count(&self, verb: &str, resource: &str) {
-        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        *c.entry((verb.to_string(), resource.to_string()))
-            .or_insert(0) += 1;
-    }
-
     pub(crate) fn recording(&self) -> bool {
         self.log.is_some()
     }
@@ -64,12 +57,14 @@ struct Inner {
     shared: Arc<Shared>,
     controller: Option<tokio::task::AbortHandle>,
     snapshot_controller: Option<tokio::task::AbortHandle>,
+    probe: Option<tokio::task::AbortHandle>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         for c in [&self.controller, &self.snapshot_controller]
             .into_iter()
+            .chain([&self.probe])
             .flatten()
         {
             c.abort();
@@ -176,7 +171,7 @@ impl EmulatorBuilder {
         self
     }
 
-    /// Builds the emulator. Must be called inside a tokio runtime when the controller is on.
+    /// Builds the emulator. Must be called inside a tokio runtime when a controller is on.
     pub fn build(self) -> Emulator {
         let store = Arc::new(Store::new(self.watch_history, WATCH_QUEUE));
         for ns in ["default", "kube-node-lease", "kube-public", "kube-system"] {
@@ -204,10 +199,17 @@ impl EmulatorBuilder {
             tokio::spawn(crate::snapshots::run(store.clone(), rx, self.resync_period))
                 .abort_handle()
         });
+        let stats = Arc::new(crate::stats::Stats::default());
+        // Without a runtime (a synchronous test building an emulator without controllers) there
+        // is nothing to probe.
+        let probe = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            rt.spawn(crate::stats::Stats::probe(stats.clone()))
+                .abort_handle()
+        });
         let shared = Arc::new(Shared {
             faults: Faults::new(store.clone()),
             store,
-            counts: Mutex::new(HashMap::new()),
+            stats,
             log: self.record_requests.then(|| Mutex::new(Vec::new())),
         });
         Emulator {
@@ -215,6 +217,7 @@ impl EmulatorBuilder {
                 shared,
                 controller,
                 snapshot_controller,
+                probe,
             }),
         }
     }
@@ -278,16 +281,13 @@ impl Emulator {
     /// `patch`, `delete`, `deletecollection`) and `resource` (plural, or `plural/subresource`);
     /// `"*"` matches anything.
     pub fn request_count(&self, verb: &str, resource: &str) -> u64 {
-        let c = self
-            .inner
-            .shared
-            .counts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        c.iter()
-            .filter(|((v, r), _)| (verb == "*" || v == verb) && (resource == "*" || r == resource))
-            .map(|(_, n)| n)
-            .sum()
+        self.inner.shared.stats.total(verb, resource)
+    }
+
+    /// Requests by client, verb and resource, and the stalls seen (the JSON `GET
+    /// /emulator/stats` serves).
+    pub fn stats(&self) -> serde_json::Value {
+        self.inner.shared.stats.to_json()
     }
 
     /// The requests served so far, in order (empty unless built with

@@ -28,6 +28,7 @@ mod selectors;
 mod server;
 mod snapshots;
 mod ssa;
+mod stats;
 mod status;
 mod store;
 mod util;

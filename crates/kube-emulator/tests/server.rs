@@ -69,3 +69,57 @@ async fn kubeconfig_client_over_tcp_can_write_and_watch_and_shutdown_stops_the_s
     assert!(end.is_ok(), "watch must end on shutdown");
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+/// `GET /emulator/stats` counts requests per client (`User-Agent`), verb and resource, for
+/// benchmarks that report a client's requests per claim.
+#[tokio::test]
+async fn stats_count_requests_by_user_agent_verb_and_resource() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let emu = Emulator::new();
+    let server = emu.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let get = |path: &str, agent: &str| {
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: {agent}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let fetch = |request: String| {
+        let addr = server.addr();
+        async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await.unwrap();
+            answer
+        }
+    };
+    for _ in 0..3 {
+        fetch(get(
+            "/api/v1/namespaces/default/persistentvolumeclaims",
+            "bench-a/1",
+        ))
+        .await;
+    }
+    fetch(get("/api/v1/persistentvolumes/x", "bench-b/1")).await;
+    let answer = fetch(get("/emulator/stats", "reader")).await;
+    let body = answer.split("\r\n\r\n").nth(1).unwrap();
+    let stats: serde_json::Value = serde_json::from_str(body).unwrap();
+    let count = |agent: &str, verb: &str, resource: &str| {
+        stats["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["userAgent"] == agent && r["verb"] == verb && r["resource"] == resource)
+            .map(|r| r["count"].as_u64().unwrap())
+    };
+    assert_eq!(
+        count("bench-a/1", "list", "persistentvolumeclaims"),
+        Some(3)
+    );
+    assert_eq!(count("bench-b/1", "get", "persistentvolumes"), Some(1));
+    assert_eq!(count("reader", "get", "persistentvolumes"), None);
+    assert_eq!(stats["stalls"]["slowAnswers"], 0);
+    assert!(stats["stalls"]["maxAnswerMs"].as_f64().unwrap() < 1000.0);
+    assert_eq!(emu.stats()["requests"], stats["requests"]);
+    server.shutdown().await;
+}

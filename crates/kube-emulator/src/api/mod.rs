@@ -30,8 +30,14 @@ const MAX_BODY: usize = 16 * 1024 * 1024;
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/emulator/faults", axum::routing::post(faults_http::handle))
+        .route("/emulator/stats", axum::routing::get(stats))
         .fallback(dispatch)
         .with_state(shared)
+}
+
+/// `GET /emulator/stats`: requests by client, verb and resource; stalls.
+async fn stats(State(shared): State<Arc<Shared>>) -> Response {
+    json_response(200, &shared.stats.to_json(), &[])
 }
 
 /// A parsed resource path.
@@ -209,15 +215,15 @@ async fn route(shared: Arc<Shared>, req: Request) -> Response {
         Some(sub) => format!("{}/{sub}", target.res.plural),
         None => target.res.plural.to_string(),
     };
-    shared.count(verb, &resource);
+    let user_agent = parts
+        .headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    shared.stats.count(user_agent, verb, &resource);
     if shared.recording() {
         shared.record(crate::emulator::RequestRecord {
-            user_agent: parts
-                .headers
-                .get(header::USER_AGENT)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_string(),
+            user_agent: user_agent.to_string(),
             verb: verb.to_string(),
             group: target.res.group.to_string(),
             resource: resource.clone(),
@@ -242,7 +248,12 @@ async fn route(shared: Arc<Shared>, req: Request) -> Response {
     };
     tracing::debug!(verb, resource = %resource, path = %path, "request");
     let deprecation = target.res.custom.and_then(|c| c.deprecation.as_deref());
+    let started = std::time::Instant::now();
+    let stats = shared.stats.clone();
     let resp = serve_verb(verb, shared, target, query, parts.headers, body).await;
+    if verb != "watch" {
+        stats.answered(started.elapsed());
+    }
     match deprecation {
         Some(text) => with_warning(resp, text),
         None => resp,
