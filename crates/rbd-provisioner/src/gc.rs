@@ -11,8 +11,21 @@
 //! (a crash between image create and owner record, then the claim deleted) and that no PV
 //! refers to are candidates too.
 //!
-//! Dry run by default. `--delete` checks each orphan's PV once more right before removing it,
-//! and refuses (and reports) images still mapped somewhere; it never forces.
+//! Snapshot images and clone intermediates (the volume core's internal images) are judged by
+//! [`snapshots`]: a snapshot image is an orphan when no `VolumeSnapshotContent` refers to it
+//! (unknown, never an orphan, on clusters without the snapshot CRDs), a clone intermediate only
+//! once its clone is gone. Their records name a driver: `--csi-driver-name` or the provisioner
+//! name count as ours.
+//!
+//! Dry run by default. `--delete` checks each orphan's PV (for a snapshot image: the contents)
+//! once more right before removing it, and refuses (and reports) images still mapped
+//! somewhere; it never forces. Volumes are removed with the volume core's
+//! [`rbd_volume::snapshot::delete_volume`] (snapshot images and clone intermediates made from
+//! them are flattened first and survive), internal images with
+//! [`rbd_volume::snapshot::delete_snapshot`] (one that restored or cloned volumes still hang off
+//! is flattened and moved to the RBD trash until its last child is gone).
+
+mod snapshots;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -24,9 +37,13 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
+use rbd_volume::snapshot::{SnapshotDeleted, SnapshotOwner, is_internal_image};
+use rbd_volume::{Claimant, Deleted, Hooks};
+
 use crate::cli::KubeArgs;
 use crate::image::{META_CLAIM, META_PROVISIONER, Owner};
 use crate::params::Parameters;
+pub use snapshots::Contents;
 
 #[derive(Args, Debug, Clone)]
 pub struct GcArgs {
@@ -38,6 +55,10 @@ pub struct GcArgs {
     /// Only images recorded as made by this identity. Default: the provisioner name.
     #[arg(long)]
     pub id: Option<String>,
+    /// CSI driver name: snapshot images and clone intermediates recorded as made by it (or by
+    /// the provisioner name) are ours.
+    #[arg(long, default_value = rbd_csi::DEFAULT_DRIVER_NAME)]
+    pub csi_driver_name: String,
     /// Remove the orphans (default: only list them).
     #[arg(long)]
     pub delete: bool,
@@ -68,14 +89,27 @@ pub struct ImageFacts {
 pub struct Orphan {
     pub pool: String,
     pub image: String,
-    /// `None` for an image without an owner record (`--include-unrecorded`).
-    pub owner: Option<Owner>,
+    pub what: What,
+}
+
+/// What kind of image an orphan is, with its record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum What {
+    /// A volume whose PV is gone; `None` for an image without an owner record
+    /// (`--include-unrecorded`).
+    Volume(Option<Owner>),
+    /// A snapshot image no `VolumeSnapshotContent` refers to.
+    Snapshot(SnapshotOwner),
+    /// A clone intermediate whose clone is gone.
+    CloneIntermediate(SnapshotOwner),
 }
 
 /// The rules gc applies.
 #[derive(Clone, Debug)]
 pub struct Rules<'a> {
     pub identity: &'a str,
+    /// Drivers whose snapshot images and clone intermediates are ours.
+    pub snapshot_drivers: &'a [&'a str],
     pub min_age: Duration,
     pub now: SystemTime,
     /// `Some(prefix)` with `--include-unrecorded`.
@@ -93,6 +127,7 @@ pub fn orphans(
 ) -> Vec<Orphan> {
     images
         .iter()
+        .filter(|(image, _)| !is_internal_image(image))
         .filter(|(image, _)| !referenced.contains(&(pool.to_string(), (*image).clone())))
         .filter(|(_, facts)| {
             rules
@@ -128,7 +163,7 @@ pub fn orphans(
             Some(Orphan {
                 pool: pool.to_string(),
                 image: image.clone(),
-                owner,
+                what: What::Volume(owner),
             })
         })
         .collect()
@@ -163,31 +198,51 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
         .id
         .clone()
         .unwrap_or_else(|| args.provisioner_name.clone());
+    let drivers = [
+        args.csi_driver_name.as_str(),
+        args.provisioner_name.as_str(),
+    ];
     let rules = Rules {
         identity: &identity,
+        snapshot_drivers: &drivers,
         min_age: args.min_age,
         now: SystemTime::now(),
         unrecorded_prefix: args
             .include_unrecorded
             .then_some(args.image_name_prefix.as_str()),
     };
-    let found = scan(
+    let scanned = scan(
         &client,
         &args.provisioner_name,
         &rules,
         args.command_timeout,
     )
     .await?;
+    if scanned.unknown > 0 {
+        println!(
+            "{} snapshot image(s) not checked: the cluster serves no snapshot.storage.k8s.io/v1 VolumeSnapshotContents (snapshot CRDs not installed)",
+            scanned.unknown
+        );
+    }
+    let found = scanned.orphans;
     if found.is_empty() {
         println!("no orphaned images");
         return Ok(());
     }
     println!("{:<20} {:<50} {:<45} CLAIM", "POOL", "IMAGE", "PV (gone)");
     for (o, _) in &found {
-        let (pv, claim) = match &o.owner {
-            None => ("<no owner record>", ""),
-            Some(w) if w.pv.is_empty() => ("<record cut short>", w.claim.as_str()),
-            Some(w) => (w.pv.as_str(), w.claim.as_str()),
+        let (pv, claim) = match &o.what {
+            What::Volume(None) => ("<no owner record>", String::new()),
+            What::Volume(Some(w)) if w.pv.is_empty() => ("<record cut short>", w.claim.clone()),
+            What::Volume(Some(w)) => (w.pv.as_str(), w.claim.clone()),
+            What::Snapshot(s) => (
+                "<snapshot: no VolumeSnapshotContent>",
+                format!("snapshot {:?} of {}", s.name, s.source),
+            ),
+            What::CloneIntermediate(s) => (
+                "<clone intermediate: clone gone>",
+                format!("{} (source)", s.source),
+            ),
         };
         println!("{:<20} {:<50} {:<45} {claim}", o.pool, o.image, pv);
     }
@@ -198,27 +253,7 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let mut failed = 0;
-    for (o, cluster) in &found {
-        // the PV may have been saved since the scan (a provisioning that was in flight)
-        if let Some(owner) = o.owner.as_ref().filter(|w| !w.pv.is_empty())
-            && volumes.get_opt(&owner.pv).await?.is_some()
-        {
-            println!(
-                "kept {}/{}: its PV {} exists now",
-                o.pool, o.image, owner.pv
-            );
-            continue;
-        }
-        match cluster.remove_image(&o.pool, &o.image).await {
-            Ok(()) => println!("removed {}/{}", o.pool, o.image),
-            Err(e) => {
-                failed += 1;
-                eprintln!("not removed: {e}");
-            }
-        }
-    }
+    let failed = remove(&client, &found).await?;
     anyhow::ensure!(
         failed == 0,
         "{failed} orphaned image(s) could not be removed"
@@ -226,17 +261,103 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Removes the orphans, each checked once more; returns how many could not be removed.
+async fn remove(client: &Client, found: &Found) -> anyhow::Result<usize> {
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    // snapshots taken since the scan refer to their images now
+    let contents = snapshots::list_contents(client).await?;
+    let mut failed = 0;
+    for (o, cluster) in found {
+        let result = match &o.what {
+            What::Volume(owner) => {
+                // the PV may have been saved since the scan (a provisioning that was in flight)
+                if let Some(owner) = owner.as_ref().filter(|w| !w.pv.is_empty())
+                    && volumes.get_opt(&owner.pv).await?.is_some()
+                {
+                    println!(
+                        "kept {}/{}: its PV {} exists now",
+                        o.pool, o.image, owner.pv
+                    );
+                    continue;
+                }
+                let claimant = match owner.as_ref().filter(|w| !w.pv.is_empty()) {
+                    Some(w) => Claimant::Volume(w.pv.clone()),
+                    None => Claimant::Image,
+                };
+                rbd_volume::snapshot::delete_volume(
+                    cluster,
+                    &o.pool,
+                    &o.image,
+                    &claimant,
+                    &Hooks::default(),
+                )
+                .await
+                .map(|d| match d {
+                    Deleted::Removed => "removed",
+                    Deleted::AlreadyGone => "already gone",
+                })
+            }
+            What::Snapshot(_) | What::CloneIntermediate(_) => {
+                if let What::Snapshot(_) = o.what
+                    && contents
+                        .as_ref()
+                        .is_none_or(|c| c.refers_to(&o.pool, &o.image))
+                {
+                    println!(
+                        "kept {}/{}: a VolumeSnapshotContent refers to it now",
+                        o.pool, o.image
+                    );
+                    continue;
+                }
+                rbd_volume::snapshot::delete_snapshot(cluster, &o.pool, &o.image)
+                    .await
+                    .map(|d| match d {
+                        SnapshotDeleted::Removed => "removed",
+                        SnapshotDeleted::Trashed => {
+                            "moved to the trash (volumes cloned from it still need it; purged once they are gone)"
+                        }
+                        SnapshotDeleted::AlreadyGone => "already gone",
+                    })
+            }
+        };
+        match result {
+            Ok(done) => println!("{done} {}/{}", o.pool, o.image),
+            Err(e) => {
+                failed += 1;
+                eprintln!("not removed {}/{}: {e}", o.pool, o.image);
+            }
+        }
+    }
+    Ok(failed)
+}
+
 type Found = Vec<(Orphan, std::sync::Arc<ceph_rbd::Cluster>)>;
+
+/// What [`scan`] found.
+struct Scanned {
+    orphans: Found,
+    /// Snapshot images not judged (no snapshot API).
+    unknown: usize,
+}
+
+/// One scanned pool: its connection, every image name, the facts of those no PV refers to.
+struct PoolScan {
+    pool: String,
+    cluster: std::sync::Arc<ceph_rbd::Cluster>,
+    names: BTreeSet<String>,
+    images: BTreeMap<String, ImageFacts>,
+}
 
 async fn scan(
     client: &Client,
     provisioner_name: &str,
     rules: &Rules<'_>,
     timeout: Duration,
-) -> anyhow::Result<Found> {
+) -> anyhow::Result<Scanned> {
     let classes: Api<StorageClass> = Api::all(client.clone());
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     let all_volumes = volumes.list(&ListParams::default()).await?.items;
+    let contents = snapshots::list_contents(client).await?;
     let referenced = referenced_images(&all_volumes);
     let pvs: BTreeSet<String> = all_volumes
         .into_iter()
@@ -244,7 +365,7 @@ async fn scan(
         .collect();
     let ceph = ConnectionPool::default();
     let mut seen = BTreeSet::new();
-    let mut found = Vec::new();
+    let mut pools = Vec::new();
     for class in classes.list(&ListParams::default()).await?.items {
         if class.provisioner != provisioner_name {
             continue;
@@ -271,30 +392,66 @@ async fn scan(
             .with_op_timeout(timeout)
             .with_connect_timeout(timeout);
         let cluster = ceph.get(&cfg).await?;
-        let mut images = BTreeMap::new();
-        for image in cluster.list_images(&params.pool).await? {
-            if referenced.contains(&(params.pool.clone(), image.clone())) {
-                continue;
-            }
-            let facts = async {
-                let meta = cluster.metadata_list(&params.pool, &image).await?;
-                let created = cluster.image_info(&params.pool, &image).await?.created;
-                Ok::<_, ceph_rbd::Error>(ImageFacts { meta, created })
-            };
-            match facts.await {
-                Ok(facts) => {
-                    images.insert(image, facts);
-                }
-                // gone meanwhile, or a partial image nobody can open
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e.into()),
-            }
+        pools.push(scan_pool(cluster, params.pool, &referenced).await?);
+    }
+    let names = pools
+        .iter()
+        .map(|p| (p.pool.clone(), p.names.clone()))
+        .collect();
+    let facts = pools
+        .iter()
+        .map(|p| (p.pool.clone(), p.images.clone()))
+        .collect();
+    let live = snapshots::live_intermediates(&names, &facts);
+    let mut scanned = Scanned {
+        orphans: Vec::new(),
+        unknown: 0,
+    };
+    for p in &pools {
+        for orphan in orphans(&p.pool, &p.images, &pvs, &referenced, rules) {
+            scanned.orphans.push((orphan, p.cluster.clone()));
         }
-        for orphan in orphans(&params.pool, &images, &pvs, &referenced, rules) {
-            found.push((orphan, cluster.clone()));
+        let internal = snapshots::orphans(&p.pool, &p.images, contents.as_ref(), &live, rules);
+        scanned.unknown += internal.unknown;
+        for orphan in internal.orphans {
+            scanned.orphans.push((orphan, p.cluster.clone()));
         }
     }
-    Ok(found)
+    Ok(scanned)
+}
+
+/// Lists `pool` and reads the facts of the images no PV refers to.
+async fn scan_pool(
+    cluster: std::sync::Arc<ceph_rbd::Cluster>,
+    pool: String,
+    referenced: &BTreeSet<(String, String)>,
+) -> anyhow::Result<PoolScan> {
+    let names: BTreeSet<String> = cluster.list_images(&pool).await?.into_iter().collect();
+    let mut images = BTreeMap::new();
+    for image in &names {
+        if referenced.contains(&(pool.clone(), image.clone())) {
+            continue;
+        }
+        let facts = async {
+            let meta = cluster.metadata_list(&pool, image).await?;
+            let created = cluster.image_info(&pool, image).await?.created;
+            Ok::<_, ceph_rbd::Error>(ImageFacts { meta, created })
+        };
+        match facts.await {
+            Ok(facts) => {
+                images.insert(image.clone(), facts);
+            }
+            // gone meanwhile, or a partial image nobody can open
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(PoolScan {
+        pool,
+        cluster,
+        names,
+        images,
+    })
 }
 
 #[cfg(test)]
@@ -370,6 +527,7 @@ mod tests {
         let referenced = BTreeSet::from([("rbd".to_string(), "used".to_string())]);
         let mut rules = Rules {
             identity: "ceph.com/rbd",
+            snapshot_drivers: &["rbd.provisioner.ceph.io"],
             min_age: Duration::from_secs(600),
             now,
             unrecorded_prefix: None,

@@ -1,6 +1,10 @@
 //! `rbd-provisioner gc`: deliberately orphaned images (a PV object deleted behind the
 //! provisioner's back, images with an owner record naming a PV that never existed) are listed
 //! by the dry run, exactly them; `--delete` removes exactly them and refuses a watched one.
+//! Snapshot images no VolumeSnapshotContent refers to and clone intermediates whose clone is
+//! gone are listed and removed likewise; a snapshot image a restore needs goes to the trash
+//! (the restore reads on), a live clone's intermediate is never listed, an orphaned volume's
+//! snapshot survives its removal, and without the snapshot CRDs nothing is judged.
 //!
 //! `cargo test -p rbd-provisioner --test gc`
 
@@ -52,6 +56,12 @@ fn listed(text: &str, prefix: &str) -> BTreeSet<String> {
 fn owned_image(h: &Harness, image: &str, pv: &str, identity: &str) {
     let spec = format!("{}/{image}", h.ceph.pool);
     h.ceph.rbd(&["create", &spec, "--size", "8M"]).unwrap();
+    record_owner(h, image, pv, identity);
+}
+
+/// The owner record our provisioner (`identity`) writes, on an existing image.
+fn record_owner(h: &Harness, image: &str, pv: &str, identity: &str) {
+    let spec = format!("{}/{image}", h.ceph.pool);
     for (key, value) in [
         ("provisioner.ceph.com/pv", pv),
         ("provisioner.ceph.com/claim", "default/gone"),
@@ -244,4 +254,362 @@ async fn gc_spares_the_image_of_a_volume_being_provisioned() {
         h.images().contains(&image),
         "gc removed the image of a volume being provisioned; the PV is Bound to nothing:\n{text}"
     );
+}
+
+/// `gc` with the test's snapshot driver name.
+fn gc_snap(h: &Harness, identity: &str, driver: &str, delete: bool) -> (Output, String) {
+    gc_with(
+        h,
+        identity,
+        delete,
+        &["--min-age=0s", "--csi-driver-name", driver],
+    )
+}
+
+/// Internal image names (`csi-snap-`, `csi-clone-`) of `made` that the gc output lists.
+fn listed_internal(text: &str, made: &BTreeSet<String>) -> BTreeSet<String> {
+    text.split_whitespace()
+        .map(|w| w.rsplit('/').next().unwrap_or(w).to_string())
+        .filter(|w| made.contains(w))
+        .collect()
+}
+
+/// A static PV (in-tree rbd source) that refers to `image`: the image is a live volume.
+async fn static_pv(h: &Harness, name: &str, image: &str) {
+    let pv = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "8Mi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "rbd": {"monitors": [h.ceph.monitors.clone()], "pool": h.ceph.pool.clone(), "image": image},
+        }
+    }))
+    .unwrap();
+    h.volumes().create(&Default::default(), &pv).await.unwrap();
+}
+
+/// A pre-provisioned VolumeSnapshotContent whose handle names `image`.
+async fn content(h: &Harness, name: &str, driver: &str, image: &str) {
+    let handle = rbd_volume::SnapshotId::new(&h.ceph.monitors, &h.ceph.pool, image)
+        .encode()
+        .unwrap();
+    let obj: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshotContent",
+        "metadata": {"name": name},
+        "spec": {
+            "deletionPolicy": "Retain",
+            "driver": driver,
+            "source": {"snapshotHandle": handle},
+            "volumeSnapshotRef": {"name": name, "namespace": "default"},
+        }
+    }))
+    .unwrap();
+    contents(h).create(&Default::default(), &obj).await.unwrap();
+}
+
+fn contents(h: &Harness) -> kube::Api<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent"),
+        "volumesnapshotcontents",
+    );
+    kube::Api::all_with(h.client.clone(), &resource)
+}
+
+async fn ceph_cluster(h: &Harness) -> std::sync::Arc<ceph_rbd::Cluster> {
+    ceph_rbd::ConnectionPool::default()
+        .get(&ceph_rbd::ClusterConfig::new(
+            &h.ceph.monitors,
+            "admin",
+            ceph_rbd::Secret::new(h.ceph.admin_key.clone()),
+        ))
+        .await
+        .unwrap()
+}
+
+/// Bytes 0..1 MiB of `image`, through the rbd CLI (librbd, not our code).
+fn read_head(h: &Harness, image: &str) -> Vec<u8> {
+    let out = h.dir.path().join(format!("{image}.head"));
+    let _ = std::fs::remove_file(&out);
+    h.ceph
+        .rbd(&[
+            "export",
+            &format!("{}/{image}", h.ceph.pool),
+            out.to_str().unwrap(),
+        ])
+        .unwrap();
+    let mut data = std::fs::read(&out).unwrap();
+    data.truncate(1 << 20);
+    data
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_covers_snapshot_images_and_clone_intermediates() {
+    use rbd_volume::snapshot::{self, NewClone, NewSnapshot, SnapshotOwner, Source};
+    use rbd_volume::{Fit, Owner};
+
+    let h = Harness::start_on(
+        kube_emulator::Emulator::builder()
+            .snapshot_crds(true)
+            .snapshot_controller(false)
+            .build(),
+    )
+    .await;
+    let prefix = unique_prefix("gs");
+    let identity = format!("gc-snap-{}", &prefix[5..13]);
+    let driver = format!("driver-{}", &prefix[5..13]);
+    h.create_class("rbd", &h.params(), "Delete").await;
+    let cluster = ceph_cluster(&h).await;
+    let pool = h.ceph.pool.as_str();
+
+    // the source volume, with data, live (a PV refers to it)
+    let source = format!("{prefix}source");
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let file = h.dir.path().join("data");
+    std::fs::write(&file, &data).unwrap();
+    h.ceph
+        .rbd(&[
+            "import",
+            file.to_str().unwrap(),
+            &format!("{pool}/{source}"),
+        ])
+        .unwrap();
+    record_owner(&h, &source, "pv-source", &identity);
+    static_pv(&h, "pv-source", &source).await;
+    let source_id = format!("v1/{}/{pool}/{source}", h.ceph.monitors);
+
+    let snap = |name: &'static str, driver: String| {
+        let (cluster, source, source_id) = (cluster.clone(), source.clone(), source_id.clone());
+        async move {
+            let image = snapshot::snapshot_image_name(&format!("{name}-{source}"));
+            let owner = SnapshotOwner {
+                name: name.into(),
+                source: source_id,
+                driver,
+            };
+            snapshot::create_snapshot(
+                &cluster,
+                &NewSnapshot {
+                    pool: micro_ceph::cluster().pool.as_str(),
+                    source_image: &source,
+                    image: &image,
+                    owner: &owner,
+                },
+            )
+            .await
+            .unwrap();
+            image
+        }
+    };
+    let kept = snap("kept", driver.clone()).await; // a content refers to it
+    let orphan = snap("orphan", driver.clone()).await; // none does
+    let restored_from = snap("restored-from", driver.clone()).await; // none, but a restore needs it
+    let theirs = snap("theirs", "another.driver".into()).await; // not our driver
+    content(&h, "content-kept", &driver, &kept).await;
+
+    let clone = |image: String, from: Source<'static>, pv: &'static str| {
+        let (cluster, driver, identity) = (cluster.clone(), driver.clone(), identity.clone());
+        let source_id = match from {
+            Source::Snapshot { image, .. } => format!("s1/x/{image}"),
+            Source::Volume { .. } => source_id.clone(),
+        };
+        async move {
+            let owner = Owner {
+                pv: pv.into(),
+                claim: "default/c".into(),
+                provisioner: identity,
+            };
+            snapshot::clone_volume(
+                &cluster,
+                &NewClone {
+                    pool: micro_ceph::cluster().pool.as_str(),
+                    image: &image,
+                    size: 1 << 20,
+                    options: &ceph_rbd::CreateOptions::default(),
+                    owner: &owner,
+                    fit: Fit::Grow,
+                    source: from,
+                    source_id: &source_id,
+                    driver: &driver,
+                },
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let leak = |s: &str| -> &'static str { Box::leak(s.to_owned().into_boxed_str()) };
+    let pool_static = leak(pool);
+    // a restore of `restored_from`, live
+    let restore = format!("{prefix}restore");
+    clone(
+        restore.clone(),
+        Source::Snapshot {
+            pool: pool_static,
+            image: leak(&restored_from),
+        },
+        "pv-restore",
+    )
+    .await;
+    static_pv(&h, "pv-restore", &restore).await;
+    // a volume clone, live: its intermediate is not reported
+    let cloned = format!("{prefix}clone");
+    clone(
+        cloned.clone(),
+        Source::Volume {
+            pool: pool_static,
+            image: leak(&source),
+        },
+        "pv-clone",
+    )
+    .await;
+    static_pv(&h, "pv-clone", &cloned).await;
+    let live_intermediate = snapshot::clone_intermediate_name(pool, &cloned);
+    // a volume clone whose image went without its intermediate (a crash between the two)
+    let vanished = format!("{prefix}vanished");
+    clone(
+        vanished.clone(),
+        Source::Volume {
+            pool: pool_static,
+            image: leak(&source),
+        },
+        "pv-vanished",
+    )
+    .await;
+    cluster.remove_image(pool, &vanished).await.unwrap();
+    let lost_intermediate = snapshot::clone_intermediate_name(pool, &vanished);
+
+    let made: BTreeSet<String> = [
+        &kept,
+        &orphan,
+        &restored_from,
+        &theirs,
+        &live_intermediate,
+        &lost_intermediate,
+    ]
+    .into_iter()
+    .cloned()
+    .collect();
+    assert!(made.iter().all(|i| h.images().contains(i)), "{made:?}");
+
+    // dry run: exactly the unreferenced snapshot images and the lost intermediate
+    let (out, text) = gc_snap(&h, &identity, &driver, false);
+    assert!(out.status.success(), "{text}");
+    let expected: BTreeSet<String> = [&orphan, &restored_from, &lost_intermediate]
+        .into_iter()
+        .cloned()
+        .collect();
+    assert_eq!(listed_internal(&text, &made), expected, "dry run:\n{text}");
+    assert!(text.contains("3 orphaned image(s)"), "{text}");
+    assert!(
+        text.contains("\"orphan\""),
+        "the snapshot's name is shown:\n{text}"
+    );
+
+    // --delete: the orphan goes, the restore's parent goes to the trash, the restore reads on
+    let (out, text) = gc_snap(&h, &identity, &driver, true);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("moved to the trash"), "{text}");
+    let now: BTreeSet<String> = h.images().into_iter().collect();
+    for gone in &expected {
+        assert!(!now.contains(gone), "{gone} still listed:\n{text}");
+    }
+    for stays in [
+        &kept,
+        &theirs,
+        &live_intermediate,
+        &source,
+        &restore,
+        &cloned,
+    ] {
+        assert!(now.contains(stays), "{stays} removed:\n{text}");
+    }
+    let trash = h.ceph.rbd(&["trash", "ls", pool]).unwrap();
+    assert!(trash.contains(&restored_from), "{trash}");
+    assert_eq!(read_head(&h, &restore), data, "the restore lost its data");
+    assert_eq!(read_head(&h, &cloned), data, "the clone lost its data");
+
+    // the content deleted: its snapshot image is an orphan now
+    contents(&h)
+        .delete("content-kept", &Default::default())
+        .await
+        .unwrap();
+    let (_, text) = gc_snap(&h, &identity, &driver, false);
+    assert_eq!(
+        listed_internal(&text, &made),
+        BTreeSet::from([kept.clone()]),
+        "{text}"
+    );
+
+    // an orphaned volume with a snapshot: removed, its snapshot (a content refers to it) kept
+    // and readable
+    let doomed = format!("{prefix}doomed");
+    h.ceph
+        .rbd(&[
+            "import",
+            file.to_str().unwrap(),
+            &format!("{pool}/{doomed}"),
+        ])
+        .unwrap();
+    record_owner(&h, &doomed, "pv-never-existed", &identity);
+    let doomed_snap = snapshot::snapshot_image_name(&format!("doomed-{doomed}"));
+    snapshot::create_snapshot(
+        &cluster,
+        &NewSnapshot {
+            pool,
+            source_image: &doomed,
+            image: &doomed_snap,
+            owner: &SnapshotOwner {
+                name: "doomed".into(),
+                source: format!("v1/{}/{pool}/{doomed}", h.ceph.monitors),
+                driver: driver.clone(),
+            },
+        },
+    )
+    .await
+    .unwrap();
+    content(&h, "content-doomed", &driver, &doomed_snap).await;
+    let (out, text) = gc_snap(&h, &identity, &driver, true);
+    assert!(out.status.success(), "{text}");
+    let now: BTreeSet<String> = h.images().into_iter().collect();
+    assert!(!now.contains(&doomed), "{text}");
+    assert!(now.contains(&doomed_snap), "{text}");
+    assert_eq!(
+        read_head(&h, &doomed_snap),
+        data,
+        "the snapshot lost its data"
+    );
+
+    // a cluster without the snapshot CRDs: snapshot images are unknown, never orphans
+    let bare = Harness::start().await;
+    bare.create_class("rbd", &bare.params(), "Delete").await;
+    let (out, text) = gc_snap(&bare, &identity, &driver, false);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("snapshot image(s) not checked"), "{text}");
+    assert!(
+        !text.contains(&doomed_snap),
+        "a snapshot image was judged without the snapshot API:\n{text}"
+    );
+
+    // clean up what this test made (children before parents)
+    for (image, pv) in [
+        (&restore, "pv-restore"),
+        (&cloned, "pv-clone"),
+        (&source, "pv-source"),
+    ] {
+        snapshot::delete_volume(
+            &cluster,
+            pool,
+            image,
+            &rbd_volume::Claimant::Volume(pv.into()),
+            &rbd_volume::Hooks::default(),
+        )
+        .await
+        .unwrap();
+    }
+    for image in [&kept, &theirs, &doomed_snap] {
+        snapshot::delete_snapshot(&cluster, pool, image)
+            .await
+            .unwrap();
+    }
 }
