@@ -10,6 +10,7 @@
 //!
 //! `cargo run --release -p rbd-bench -- --claims 100,1000,5000 [--profile both] [--out FILE]`
 
+mod apistats;
 mod cluster;
 mod procs;
 mod report;
@@ -316,6 +317,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             report::control_plane_table(&runs)
         );
     }
+    println!(
+        "per claim:\n\n{}\nthe provisioner's API requests per claim (verb resource):\n\n{}",
+        report::per_claim_table(&runs),
+        report::requests_breakdown(&runs)
+    );
     for (n, r) in &ratios {
         println!("bind throughput {OURS} / {OLD_SETTINGS} at N={n}: {r:.1}x");
     }

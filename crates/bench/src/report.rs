@@ -89,6 +89,26 @@ pub struct RunResult {
     pub cpu_total_s: f64,
     pub emulator_cpu_s: f64,
     pub emulator_peak_rss_mib: f64,
+    /// Per claim: create request sent until its PV was first seen (the provisioner's share:
+    /// claim visible, image created, PV saved).
+    pub provision_latency: Percentiles,
+    /// Per claim: PV first seen until the claim was Bound (the control plane's share).
+    pub binding_latency: Percentiles,
+    /// Provisioner CPU per claim, create and delete together (ms), when every claim completed.
+    pub cpu_per_claim_ms: f64,
+    /// The provisioner's API requests per claim while binding, by `"verb resource"`.
+    pub requests_per_claim_create: std::collections::BTreeMap<String, f64>,
+    /// The provisioner's API requests per claim while deleting, by `"verb resource"`.
+    pub requests_per_claim_delete: std::collections::BTreeMap<String, f64>,
+    /// The provisioner's API writes (create, update, patch, delete) per claim: binding, deleting.
+    pub writes_per_claim_create: f64,
+    pub writes_per_claim_delete: f64,
+    /// The emulator's slowest answer to a request other than a watch over the run (ms).
+    pub emulator_max_answer_ms: f64,
+    /// Emulator answers slower than 1 s.
+    pub emulator_slow_answers: u64,
+    /// How late the emulator's runtime woke a 50 ms timer at worst (ms).
+    pub emulator_max_runtime_lag_ms: f64,
 }
 
 /// The ceph-rbd bench file's figures (`target/bench/ceph-rbd-ops.json`).
@@ -220,7 +240,127 @@ pub fn checks(runs: &[RunResult], ratios: &[(usize, f64)]) -> Vec<Check> {
     {
         out.push(check_real_cluster(r));
     }
+    out.extend(cost_checks(runs));
     out
+}
+
+/// API writes per claim of upstream's external-provisioner for the same outcome, from
+/// sig-storage-lib-external-provisioner v13.0.0 `controller/controller.go`: provisioning emits a
+/// `Provisioning` event, creates the PV and emits `ProvisioningSucceeded` (3); deleting deletes
+/// the PV and patches its `external-provisioner.volume.kubernetes.io/finalizer` away (2; csi-provisioner
+/// runs the library with `AddFinalizer(true)`).
+pub const UPSTREAM_WRITES_PER_CLAIM: f64 = 5.0;
+
+/// Issue 14's per-claim cost targets: CPU, private memory, API writes, emulator stalls.
+fn cost_checks(runs: &[RunResult]) -> Vec<Check> {
+    let ours = |n: usize| runs.iter().find(|r| ours_unthrottled(r) && r.claims == n);
+    let mut out = Vec::new();
+    if let Some(r) = ours(1000) {
+        out.push(check_max(
+            "provisioner CPU <= 5 ms per claim, create + delete (N=1000)",
+            if r.cpu_per_claim_ms.is_nan() {
+                f64::INFINITY
+            } else {
+                r.cpu_per_claim_ms
+            },
+            5.0,
+            "ms",
+        ));
+        out.push(check_max(
+            &format!(
+                "API writes per claim <= upstream external-provisioner's {UPSTREAM_WRITES_PER_CLAIM} (N=1000)"
+            ),
+            r.writes_per_claim_create + r.writes_per_claim_delete,
+            UPSTREAM_WRITES_PER_CLAIM,
+            "",
+        ));
+    }
+    for (n, limit) in [(1000, 24.0), (5000, 40.0)] {
+        if let Some(r) = ours(n) {
+            out.push(check_max(
+                &format!("private (anon) RSS <= {limit} MiB over a run of {n} claims"),
+                r.peak_anon_mib,
+                limit,
+                "MiB",
+            ));
+        }
+    }
+    for r in runs
+        .iter()
+        .filter(|r| ours_unthrottled(r) && r.claims >= 5000)
+    {
+        let stalled = r.emulator_slow_answers > 0 || r.emulator_max_runtime_lag_ms > 1000.0;
+        out.push(Check {
+            target: format!("no emulator stall above 1 s (N={})", r.claims),
+            measured: format!(
+                "slowest answer {:.0} ms, {} over 1 s, runtime lag {:.0} ms",
+                r.emulator_max_answer_ms, r.emulator_slow_answers, r.emulator_max_runtime_lag_ms
+            ),
+            met: !stalled,
+            gap: stalled.then(|| "stalled".to_string()),
+        });
+    }
+    out
+}
+
+/// Per claim: CPU, API requests and writes, where the latency goes, emulator stalls (markdown).
+pub fn per_claim_table(runs: &[RunResult]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| profile | N | CPU per claim (create + delete) | writes per claim: create / delete | requests per claim: create / delete | claim -> PV p50 / p99 (provisioner) | PV -> Bound p50 / p99 (control plane) | emulator: slowest answer / over 1 s / runtime lag |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    for r in runs {
+        let plane = if r.control_plane == UNTHROTTLED {
+            String::new()
+        } else {
+            format!(", {}", r.control_plane)
+        };
+        let all = |m: &std::collections::BTreeMap<String, f64>| m.values().sum::<f64>();
+        let _ = writeln!(
+            s,
+            "| {}{plane} | {} | {:.2} ms | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} s | {:.2} / {:.2} s | {:.0} ms / {} / {:.0} ms |",
+            r.profile,
+            r.claims,
+            r.cpu_per_claim_ms,
+            r.writes_per_claim_create,
+            r.writes_per_claim_delete,
+            all(&r.requests_per_claim_create),
+            all(&r.requests_per_claim_delete),
+            r.provision_latency.p50_s,
+            r.provision_latency.p99_s,
+            r.binding_latency.p50_s,
+            r.binding_latency.p99_s,
+            r.emulator_max_answer_ms,
+            r.emulator_slow_answers,
+            r.emulator_max_runtime_lag_ms,
+        );
+    }
+    s
+}
+
+/// The provisioner's requests per claim by verb and resource, per run (markdown list).
+pub fn requests_breakdown(runs: &[RunResult]) -> String {
+    let mut s = String::new();
+    for r in runs {
+        let list = |m: &std::collections::BTreeMap<String, f64>| {
+            m.iter()
+                .map(|(k, v)| format!("{k} {v:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            s,
+            "- {} ({}) N={}: create: {}; delete: {}",
+            r.profile,
+            r.control_plane,
+            r.claims,
+            list(&r.requests_per_claim_create),
+            list(&r.requests_per_claim_delete)
+        );
+    }
+    s
 }
 
 /// The default control plane against the real cluster (issue 14: within ~20 %).
@@ -412,5 +552,37 @@ mod tests {
         assert!(!c.met);
         assert_eq!(c.gap.as_deref(), Some("4.00 s over (40% above)"));
         assert!(check_max("x <= 10 s", 9.0, 10.0, "s").met);
+    }
+
+    #[test]
+    fn per_claim_costs_are_judged_by_the_harness() {
+        let run = |claims, cpu, anon, lag| RunResult {
+            profile: OURS.into(),
+            control_plane: UNTHROTTLED.into(),
+            claims,
+            bound: claims,
+            cpu_per_claim_ms: cpu,
+            writes_per_claim_create: 3.0,
+            writes_per_claim_delete: 2.5,
+            peak_anon_mib: anon,
+            emulator_max_runtime_lag_ms: lag,
+            ..RunResult::default()
+        };
+        let checks = cost_checks(&[
+            run(1000, 4.5, 30.0, 10.0),
+            run(5000, f64::NAN, 39.0, 1200.0),
+        ]);
+        let verdict = |prefix: &str| {
+            checks
+                .iter()
+                .find(|c| c.target.starts_with(prefix))
+                .map(|c| c.met)
+                .unwrap_or_else(|| panic!("no check {prefix}: {checks:?}"))
+        };
+        assert!(verdict("provisioner CPU <= 5 ms"));
+        assert!(!verdict("API writes per claim"), "5.5 writes > 5");
+        assert!(!verdict("private (anon) RSS <= 24 MiB"));
+        assert!(verdict("private (anon) RSS <= 40 MiB"));
+        assert!(!verdict("no emulator stall above 1 s (N=5000)"));
     }
 }

@@ -11,6 +11,7 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
+use crate::apistats::{self, ApiStats};
 use crate::cluster::{CLASS, Env, NAMESPACE};
 use crate::procs::{AnonPeak, Sample, sample};
 use crate::report::{Percentiles, RunResult};
@@ -48,6 +49,7 @@ pub async fn measure(
     let before = sample(pid)?;
     let anon_peak = AnonPeak::start(pid);
     let emu_before = sample(emu_pid)?;
+    let api_before = ApiStats::fetch(&env.client).await?;
     let names: Vec<String> = (0..plan.claims).map(|i| format!("bench-{i:05}")).collect();
 
     // ---- create all claims at once and wait for Bound
@@ -87,20 +89,29 @@ pub async fn measure(
     let bind_elapsed = t0.elapsed();
     let after_bind = sample(pid)?;
     let anon_peak_bound = anon_peak.get().max(after_bind.rss_anon);
+    let api_bound = ApiStats::fetch(&env.client).await?;
 
-    let (bound, bind_lat, last_bound) = {
+    let (bound, bind_lat, last_bound, provision_lat, binding_lat) = {
         let s = tracker.lock();
         let lat: Vec<Duration> = s
             .bound
             .iter()
             .filter_map(|(n, b)| Some(b.saturating_duration_since(*s.created.get(n)?)))
             .collect();
+        let mut provision_lat = Vec::new();
+        let mut binding_lat = Vec::new();
+        for (name, bound_at) in &s.bound {
+            if let (Some(created), Some(pv)) = (s.created.get(name), s.pv_seen.get(name)) {
+                provision_lat.push(pv.saturating_duration_since(*created));
+                binding_lat.push(bound_at.saturating_duration_since(*pv));
+            }
+        }
         let last = s
             .bound
             .values()
             .max()
             .map(|b| b.saturating_duration_since(t0));
-        (s.bound.len(), lat, last)
+        (s.bound.len(), lat, last, provision_lat, binding_lat)
     };
     let bind_time = if bind_complete {
         last_bound.unwrap_or(bind_elapsed)
@@ -172,19 +183,19 @@ pub async fn measure(
     };
     let after_delete = sample(pid)?;
     let emu_after = sample(emu_pid)?;
-    // confirm in Ceph (one `rbd ls`, repeated each second only while images remain)
-    let mut images_left = count_left(ceph, &images)?;
-    while images_left > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        images_left = count_left(ceph, &images)?;
-    }
+    let api_after = ApiStats::fetch(&env.client).await?;
+    let requests_create = api_bound.provisioner_since(&api_before);
+    let requests_delete = api_after.provisioner_since(&api_bound);
+    // confirm in Ceph
+    let (none_left, images_left) = images_left_now(ceph, &images, deadline).await?;
+    let complete = bind_complete && all_gone && none_left;
 
     Ok(RunResult {
         profile: plan.profile.to_string(),
         control_plane: plan.control_plane.to_string(),
         claims: plan.claims,
         time_limit_s: plan.time_limit.as_secs_f64(),
-        complete: bind_complete && all_gone && images_left == 0,
+        complete,
         startup_s: env.startup.as_secs_f64(),
         create_requests_s: create_time.as_secs_f64(),
         bound,
@@ -210,6 +221,23 @@ pub async fn measure(
         cpu_total_s: after_delete.cpu_secs,
         emulator_cpu_s: cpu(emu_before, emu_after),
         emulator_peak_rss_mib: mib(emu_after.peak_rss),
+        provision_latency: Percentiles::of(provision_lat),
+        binding_latency: Percentiles::of(binding_lat),
+        cpu_per_claim_ms: if complete {
+            (cpu(before, after_bind) + cpu(after_idle, after_delete)) * 1000.0
+                / plan.claims.max(1) as f64
+        } else {
+            f64::NAN
+        },
+        writes_per_claim_create: apistats::writes(&requests_create) as f64
+            / plan.claims.max(1) as f64,
+        writes_per_claim_delete: apistats::writes(&requests_delete) as f64
+            / plan.claims.max(1) as f64,
+        requests_per_claim_create: apistats::per_claim(&requests_create, plan.claims),
+        requests_per_claim_delete: apistats::per_claim(&requests_delete, plan.claims),
+        emulator_max_answer_ms: api_after.stalls.max_answer_ms,
+        emulator_slow_answers: api_after.stalls.slow_answers,
+        emulator_max_runtime_lag_ms: api_after.stalls.max_runtime_lag_ms,
     })
 }
 
@@ -241,6 +269,21 @@ async fn wait_until(
         let wait = (deadline - now).min(Duration::from_millis(500));
         let _ = tokio::time::timeout(wait, tracker.changed()).await;
     }
+}
+
+/// Whether no image of the run is left in Ceph, and how many are: one `rbd ls`, repeated each
+/// second only while images remain, until `deadline`.
+async fn images_left_now(
+    ceph: &micro_ceph::MicroCeph,
+    images: &HashSet<String>,
+    deadline: Instant,
+) -> anyhow::Result<(bool, usize)> {
+    let mut left = count_left(ceph, images)?;
+    while left > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        left = count_left(ceph, images)?;
+    }
+    Ok((left == 0, left))
 }
 
 fn count_left(ceph: &micro_ceph::MicroCeph, ours: &HashSet<String>) -> anyhow::Result<usize> {

@@ -23,6 +23,8 @@ pub struct Seen {
     pub bound: HashMap<String, Instant>,
     /// claim -> its PV
     pub volume_of: HashMap<String, String>,
+    /// claim -> when the PV naming it (the provisioner's work done) was first seen
+    pub pv_seen: HashMap<String, Instant>,
     /// PV -> its image
     pub image_of: HashMap<String, String>,
     /// claim -> when its delete request was sent
@@ -135,6 +137,11 @@ fn on_claim(s: &mut Seen, event: Event<PersistentVolumeClaim>, now: Instant) {
 fn on_volume(s: &mut Seen, event: Event<PersistentVolume>, now: Instant) {
     match event {
         Event::Apply(pv) => {
+            if let Some(claim) = pv.spec.as_ref().and_then(|sp| sp.claim_ref.as_ref())
+                && let Some(name) = &claim.name
+            {
+                s.pv_seen.entry(name.clone()).or_insert(now);
+            }
             if let Some(image) = image_name(&pv) {
                 s.image_of.entry(pv.name_any()).or_insert(image);
             }
