@@ -16,6 +16,7 @@
 
 pub mod config;
 mod controller;
+pub mod data_source;
 pub mod events;
 pub mod leader;
 pub mod metrics;
@@ -27,7 +28,7 @@ pub mod resize;
 pub mod volume;
 
 pub use config::Config;
-pub use controller::{Controller, ControllerError};
+pub use controller::{Companion, Controller, ControllerError};
 pub use leader::{LeaderElectionConfig, LeaderElector, Leadership};
 pub use metrics::Metrics;
 pub use volume::{

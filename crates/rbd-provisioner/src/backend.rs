@@ -37,6 +37,9 @@ pub struct BackendConfig {
     pub naming: Naming,
     pub source_mode: SourceMode,
     pub csi_driver: String,
+    /// The provisioner name (`--provisioner-name`): snapshot contents whose `spec.driver` is it
+    /// or `csi_driver` are ours.
+    pub provisioner_name: String,
     /// Bound of each Ceph operation (`--command-timeout`).
     pub op_timeout: Duration,
 }
@@ -63,6 +66,17 @@ impl RbdBackend {
         })
     }
 
+    /// The client this backend talks to Kubernetes with.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The driver names whose snapshot contents are ours: the CSI driver name, then the
+    /// provisioner name.
+    pub fn snapshot_drivers(&self) -> [&str; 2] {
+        [&self.config.csi_driver, &self.config.provisioner_name]
+    }
+
     /// Whether the last connection attempt reached the cluster.
     pub fn ceph_reachable(&self) -> bool {
         self.ceph_reachable
@@ -71,7 +85,7 @@ impl RbdBackend {
 
     /// A pooled connection. A broken connection is replaced by the pool, so this is where an
     /// outage shows (and ends).
-    async fn cluster(
+    pub(crate) async fn cluster(
         &self,
         monitors: &str,
         user: &str,
@@ -123,7 +137,7 @@ impl RbdBackend {
     }
 
     /// Key and monitors for acting on an existing PV's image, from the PV alone.
-    async fn access_for(
+    pub(crate) async fn access_for(
         &self,
         volume: &PersistentVolume,
     ) -> Result<(ImageLocation, String, ceph_rbd::Secret), String> {
@@ -186,6 +200,72 @@ impl RbdBackend {
             },
             params.admin_id,
         ))
+    }
+}
+
+impl RbdBackend {
+    /// Creates the new volume from its (checked) source through the volume core, holding the
+    /// source's protection finalizer meanwhile.
+    async fn clone_from(
+        &self,
+        cluster: &ceph_rbd::Cluster,
+        new: &NewImage<'_>,
+        params: &Parameters,
+        claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+        source: &crate::sources::Resolved,
+    ) -> Result<(), ProvisionError> {
+        use crate::sources::Resolved;
+        use rbd_volume::snapshot::{self, NewClone, SnapshotError, Source};
+        let ns = claim.metadata.namespace.as_deref().unwrap_or("default");
+        let class_monitors = params.monitors_string();
+        let (source_monitors, source_ref, source_id) = match source {
+            Resolved::Snapshot { id, handle, .. } => (
+                id.monitors.clone(),
+                Source::Snapshot {
+                    pool: &id.pool,
+                    image: &id.image,
+                },
+                handle.clone(),
+            ),
+            Resolved::Volume { location, .. } => (
+                location.monitors.clone(),
+                Source::Volume {
+                    pool: &location.pool,
+                    image: &location.image,
+                },
+                rbd_csi::volume::VolumeId::new(&location.monitors, &location.pool, &location.image)
+                    .encode()
+                    .map_err(ProvisionError::final_error)?,
+            ),
+        };
+        if source_monitors != class_monitors {
+            return Err(ProvisionError::final_error(format!(
+                "the data source is on the Ceph cluster with monitors {source_monitors:?}, the \
+                 StorageClass provisions on {class_monitors:?}: a volume can only be created \
+                 from a source on the same cluster"
+            )));
+        }
+        crate::sources::protect(&self.client, ns, source)
+            .await
+            .map_err(ProvisionError::final_error)?;
+        let clone = NewClone {
+            pool: new.pool,
+            image: new.image,
+            size: new.size,
+            options: new.options,
+            owner: new.owner,
+            fit: new.fit,
+            source: source_ref,
+            source_id: &source_id,
+            driver: &self.config.csi_driver,
+        };
+        match snapshot::clone_volume(cluster, &clone).await {
+            Ok(_) => {}
+            Err(SnapshotError::Volume(e)) => return Err(provision_error(e)),
+            Err(e) => return Err(ProvisionError::final_error(e)),
+        }
+        crate::sources::release(&self.client, claim, source).await;
+        Ok(())
     }
 }
 
@@ -264,9 +344,25 @@ impl Provisioner for RbdBackend {
             owner: &owner,
             fit: Fit::Grow,
         };
-        rbd_volume::ensure(&cluster, &new, &CRASH_POINTS)
-            .await
-            .map_err(provision_error)?;
+        let data_source = crate::sources::resolve(
+            &self.client,
+            &self.snapshot_drivers(),
+            &self.config.csi_driver,
+            &options.claim,
+        )
+        .await
+        .map_err(ProvisionError::final_error)?;
+        match &data_source {
+            None => {
+                rbd_volume::ensure(&cluster, &new, &CRASH_POINTS)
+                    .await
+                    .map_err(provision_error)?;
+            }
+            Some(source) => {
+                self.clone_from(&cluster, &new, &params, &options.claim, source)
+                    .await?;
+            }
+        }
 
         let source = self.pv_source(&params).await;
         let volume = build_volume(&VolumeInputs {

@@ -21,4 +21,6 @@ pub mod params;
 pub mod pv_build;
 pub mod run;
 pub mod secrets;
+pub mod snapshotter;
+pub mod sources;
 pub mod throttle;

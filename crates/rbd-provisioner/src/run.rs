@@ -32,6 +32,7 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
             },
             source_mode: args.pv_source,
             csi_driver: args.csi_driver_name.clone(),
+            provisioner_name: args.provisioner_name.clone(),
             op_timeout: args.command_timeout,
         },
     );
@@ -77,9 +78,18 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         });
     }
 
+    let snapshotter = crate::snapshotter::task(
+        backend.clone(),
+        crate::snapshotter::SnapshotterConfig {
+            workers: args.workers.max(1),
+            identity: identity.clone(),
+            ..Default::default()
+        },
+    );
     let controller = Controller::new(client.clone(), config, backend.clone())
         .with_expander(backend)
-        .with_metrics(metrics);
+        .with_metrics(metrics)
+        .with_companion(snapshotter);
     tracing::info!(provisioner = %args.provisioner_name, identity = %identity, "starting");
     let result = if args.leader_elect {
         let mut le = LeaderElectionConfig::new(

@@ -121,7 +121,11 @@ pub struct Controller {
     provisioner: Arc<dyn Provisioner>,
     expander: Option<Arc<dyn Expander>>,
     metrics: Metrics,
+    companions: Vec<Companion>,
 }
+
+/// A task run alongside the controller's own (see [`Controller::with_companion`]).
+pub type Companion = std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 impl Controller {
     /// A controller provisioning with `provisioner`.
@@ -133,7 +137,18 @@ impl Controller {
             provisioner,
             expander: None,
             metrics: Metrics::unregistered(),
+            companions: Vec::new(),
         }
+    }
+
+    /// Also run `task` (e.g. another controller of the same binary) while this controller runs:
+    /// started once the caches are synced, stopped with the controller's own tasks (at
+    /// shutdown, or at once when the lease is lost). A companion that ends by itself ends the
+    /// controller with [`ControllerError::TaskEnded`].
+    #[must_use]
+    pub fn with_companion(mut self, task: Companion) -> Self {
+        self.companions.push(task);
+        self
     }
 
     /// Also expand volumes with `expander`.
@@ -214,6 +229,9 @@ impl Controller {
             "caches synced, starting workers"
         );
         background.spawn(informers::resync(Arc::clone(&shared)));
+        for task in self.companions {
+            background.spawn(task);
+        }
         for _ in 0..shared.config.workers.max(1) {
             workers.spawn(worker(Arc::clone(&shared)));
         }

@@ -1,0 +1,428 @@
+//! Claims with a data source: what external-provisioner v6.3 (`controller.go`,
+//! `clone_controller.go`) checks before restoring a `VolumeSnapshot` or cloning a
+//! `PersistentVolumeClaim`, and the protection finalizers it holds on the source meanwhile.
+//! The Ceph side (the clone, its growth, its chain depth) is the volume core's
+//! ([`rbd_volume::snapshot::clone_volume`]).
+//!
+//! Checks, each failure an error naming the field:
+//! - `VolumeSnapshot`: exists in the claim's namespace, not being deleted, `status.readyToUse`,
+//!   bound to a content whose `volumeSnapshotRef` names it (uid included), whose `spec.driver`
+//!   is ours and which has `status.snapshotHandle`; the claim's request is at least
+//!   `status.restoreSize`; the claim's volume mode equals the content's `sourceVolumeMode`
+//!   unless the content has `snapshot.storage.kubernetes.io/allow-volume-mode-change: "true"`.
+//! - `PersistentVolumeClaim`: exists in the claim's namespace, not being deleted, Bound, names
+//!   a class; the claim's request is at least the source's; its PV is Bound to it (claimRef
+//!   uid) and is one of ours (an in-tree `rbd` PV or a CSI PV of our driver); equal volume
+//!   modes.
+//!
+//! The source holds `provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection`
+//! (snapshot) or `.../cloning-protection` (claim) from before the clone until no Pending claim
+//! uses it any more.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use kube::{Client, Resource, ResourceExt};
+use provisioner::data_source::{
+    CLONE_SOURCE_FINALIZER, DataSource, SNAPSHOT_SOURCE_FINALIZER, data_source,
+};
+use rbd_volume::snapshot::SnapshotId;
+use serde_json::{Value, json};
+
+use crate::pv_build::{ImageLocation, image_location};
+
+/// `snapshot.storage.kubernetes.io/allow-volume-mode-change` on a content: restores may
+/// change the volume mode.
+pub const ANN_ALLOW_MODE_CHANGE: &str = "snapshot.storage.kubernetes.io/allow-volume-mode-change";
+
+/// The `snapshot.storage.k8s.io/v1` resource of `kind`.
+#[must_use]
+pub fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(provisioner::data_source::SNAPSHOT_GROUP, "v1", kind),
+        plural,
+    )
+}
+
+/// VolumeSnapshotContents.
+#[must_use]
+pub fn contents(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &snapshot_resource("VolumeSnapshotContent", "volumesnapshotcontents"),
+    )
+}
+
+fn snapshots(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &snapshot_resource("VolumeSnapshot", "volumesnapshots"),
+    )
+}
+
+pub(crate) fn str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
+    v.pointer(pointer).and_then(Value::as_str)
+}
+
+/// A resolved, checked source.
+#[derive(Clone, Debug)]
+pub enum Resolved {
+    /// Restore from this snapshot (its handle as the content has it).
+    Snapshot {
+        vs: String,
+        id: SnapshotId,
+        handle: String,
+    },
+    /// Clone this claim's image.
+    Volume {
+        claim: String,
+        location: ImageLocation,
+    },
+}
+
+fn volume_mode(claim: &PersistentVolumeClaim) -> &str {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_mode.as_deref())
+        .unwrap_or("Filesystem")
+}
+
+fn request_bytes(claim: &PersistentVolumeClaim) -> Option<u64> {
+    provisioner::quantity::claim_request_bytes(claim)
+}
+
+fn quantity_bytes(v: Option<&Value>) -> Option<u64> {
+    match v? {
+        Value::String(s) => provisioner::quantity::parse_bytes(s),
+        Value::Number(n) => n.as_u64(),
+        _ => None,
+    }
+}
+
+/// The claim's source, checked; `None` without one.
+///
+/// # Errors
+/// A message naming the field and the problem (also for API errors reading the source).
+pub async fn resolve(
+    client: &Client,
+    drivers: &[&str],
+    csi_driver: &str,
+    claim: &PersistentVolumeClaim,
+) -> Result<Option<Resolved>, String> {
+    let Some(source) = data_source(claim)? else {
+        return Ok(None);
+    };
+    let ns = claim.namespace().unwrap_or_else(|| "default".into());
+    let field = if claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.data_source_ref.as_ref())
+        .is_some()
+    {
+        "spec.dataSourceRef"
+    } else {
+        "spec.dataSource"
+    };
+    match source {
+        DataSource::Snapshot(name) => snapshot(client, drivers, claim, &ns, &name, field)
+            .await
+            .map(Some),
+        DataSource::Claim(name) => volume(client, csi_driver, claim, &ns, &name, field)
+            .await
+            .map(Some),
+    }
+}
+
+async fn snapshot(
+    client: &Client,
+    drivers: &[&str],
+    claim: &PersistentVolumeClaim,
+    ns: &str,
+    name: &str,
+    field: &str,
+) -> Result<Resolved, String> {
+    let what = format!("{field}: VolumeSnapshot {ns}/{name}");
+    let vs = snapshots(client, ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("{what}: reading it: {e}"))?
+        .ok_or_else(|| format!("{what} not found"))?;
+    if vs.metadata.deletion_timestamp.is_some() {
+        return Err(format!("{what} is being deleted"));
+    }
+    if vs
+        .data
+        .pointer("/status/readyToUse")
+        .and_then(Value::as_bool)
+        != Some(true)
+    {
+        return Err(format!(
+            "{what} is not ready to use (status.readyToUse is not true)"
+        ));
+    }
+    let content_name = str_at(&vs.data, "/status/boundVolumeSnapshotContentName")
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| format!("{what} is not bound to a VolumeSnapshotContent"))?;
+    let content = contents(client)
+        .get_opt(content_name)
+        .await
+        .map_err(|e| format!("{what}: reading VolumeSnapshotContent {content_name}: {e}"))?
+        .ok_or_else(|| format!("{what}: its VolumeSnapshotContent {content_name} not found"))?;
+    let c = &content.data;
+    let ref_ok = str_at(c, "/spec/volumeSnapshotRef/name") == Some(name)
+        && str_at(c, "/spec/volumeSnapshotRef/namespace") == Some(ns)
+        && str_at(c, "/spec/volumeSnapshotRef/uid") == vs.metadata.uid.as_deref();
+    if !ref_ok {
+        return Err(format!(
+            "{what}: VolumeSnapshotContent {content_name} is bound to another snapshot \
+             (spec.volumeSnapshotRef does not name it)"
+        ));
+    }
+    let driver = str_at(c, "/spec/driver").unwrap_or_default();
+    if !drivers.contains(&driver) {
+        return Err(format!(
+            "{what}: VolumeSnapshotContent {content_name} has spec.driver {driver:?}, not ours ({})",
+            drivers.join(" or ")
+        ));
+    }
+    let handle = str_at(c, "/status/snapshotHandle")
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            format!("{what}: VolumeSnapshotContent {content_name} has no status.snapshotHandle")
+        })?;
+    let id = SnapshotId::parse(handle).map_err(|e| {
+        format!("{what}: VolumeSnapshotContent {content_name} status.snapshotHandle: {e}")
+    })?;
+    let restore = quantity_bytes(vs.data.pointer("/status/restoreSize"))
+        .or_else(|| quantity_bytes(c.pointer("/status/restoreSize")));
+    if let (Some(restore), Some(requested)) = (restore, request_bytes(claim))
+        && requested < restore
+    {
+        return Err(format!(
+            "spec.resources.requests.storage ({requested} bytes) is smaller than the restore \
+             size of {what} ({restore} bytes)"
+        ));
+    }
+    let allow_change = content
+        .annotations()
+        .get(ANN_ALLOW_MODE_CHANGE)
+        .is_some_and(|v| v == "true");
+    if let Some(source_mode) = str_at(c, "/spec/sourceVolumeMode")
+        && source_mode != volume_mode(claim)
+        && !allow_change
+    {
+        return Err(format!(
+            "spec.volumeMode {:?} differs from the volume mode {source_mode:?} {what} was taken \
+             from (set the annotation {ANN_ALLOW_MODE_CHANGE}: \"true\" on VolumeSnapshotContent \
+             {content_name} to allow it)",
+            volume_mode(claim)
+        ));
+    }
+    Ok(Resolved::Snapshot {
+        vs: name.to_owned(),
+        id,
+        handle: handle.to_owned(),
+    })
+}
+
+async fn volume(
+    client: &Client,
+    csi_driver: &str,
+    claim: &PersistentVolumeClaim,
+    ns: &str,
+    name: &str,
+    field: &str,
+) -> Result<Resolved, String> {
+    let what = format!("{field}: PersistentVolumeClaim {ns}/{name}");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let source = claims
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("{what}: reading it: {e}"))?
+        .ok_or_else(|| format!("{what} not found"))?;
+    if source.metadata.deletion_timestamp.is_some() {
+        return Err(format!("{what} is being deleted"));
+    }
+    if source.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        return Err(format!("{what} is not Bound"));
+    }
+    let spec = source.spec.clone().unwrap_or_default();
+    if spec
+        .storage_class_name
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+    {
+        return Err(format!(
+            "{what} names no StorageClass (spec.storageClassName)"
+        ));
+    }
+    if let (Some(requested), Some(source_size)) = (request_bytes(claim), request_bytes(&source))
+        && requested < source_size
+    {
+        return Err(format!(
+            "spec.resources.requests.storage ({requested} bytes) is smaller than the request of \
+             {what} ({source_size} bytes)"
+        ));
+    }
+    if volume_mode(claim) != volume_mode(&source) {
+        return Err(format!(
+            "spec.volumeMode {:?} differs from the volume mode {:?} of {what}",
+            volume_mode(claim),
+            volume_mode(&source)
+        ));
+    }
+    let pv_name = spec
+        .volume_name
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| format!("{what} has no spec.volumeName"))?;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let pv = pvs
+        .get_opt(&pv_name)
+        .await
+        .map_err(|e| format!("{what}: reading its PersistentVolume {pv_name}: {e}"))?
+        .ok_or_else(|| format!("{what}: its PersistentVolume {pv_name} not found"))?;
+    let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let bound_to_it = claim_ref.is_some_and(|r| {
+        r.name.as_deref() == Some(name)
+            && r.namespace.as_deref() == Some(ns)
+            && r.uid == source.metadata.uid
+    });
+    if !bound_to_it || pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        return Err(format!(
+            "{what}: its PersistentVolume {pv_name} is not Bound to it (spec.claimRef)"
+        ));
+    }
+    let location = image_location(&pv, csi_driver).ok_or_else(|| {
+        format!(
+            "{what}: its PersistentVolume {pv_name} is not one of ours (no rbd source, no csi \
+             source of driver {csi_driver})"
+        )
+    })?;
+    Ok(Resolved::Volume {
+        claim: name.to_owned(),
+        location,
+    })
+}
+
+/// Adds `finalizer` to an object (merge patch of the whole list, preconditioned on the
+/// resourceVersion read); nothing when it is there.
+async fn add_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let object = api.get(name).await?;
+    let mut list = object.meta().finalizers.clone().unwrap_or_default();
+    if list.iter().any(|f| f == finalizer) {
+        return Ok(());
+    }
+    list.push(finalizer.to_owned());
+    let patch = json!({"metadata": {
+        "finalizers": list,
+        "resourceVersion": object.meta().resource_version,
+    }});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
+}
+
+async fn remove_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let Some(object) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    let list = object.meta().finalizers.clone().unwrap_or_default();
+    if !list.iter().any(|f| f == finalizer) {
+        return Ok(());
+    }
+    let kept: Vec<&String> = list.iter().filter(|f| *f != finalizer).collect();
+    let patch = json!({"metadata": {
+        "finalizers": kept,
+        "resourceVersion": object.meta().resource_version,
+    }});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
+}
+
+/// Puts the protection finalizer on the source before it is used.
+///
+/// # Errors
+/// API errors, as a message naming the source.
+pub async fn protect(client: &Client, ns: &str, source: &Resolved) -> Result<(), String> {
+    match source {
+        Resolved::Snapshot { vs, .. } => add_finalizer(
+            &snapshots(client, ns),
+            vs,
+            SNAPSHOT_SOURCE_FINALIZER,
+        )
+        .await
+        .map_err(|e| {
+            format!("adding finalizer {SNAPSHOT_SOURCE_FINALIZER} to VolumeSnapshot {ns}/{vs}: {e}")
+        }),
+        Resolved::Volume { claim, .. } => {
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+            add_finalizer(&api, claim, CLONE_SOURCE_FINALIZER)
+                .await
+                .map_err(|e| format!("adding finalizer {CLONE_SOURCE_FINALIZER} to PersistentVolumeClaim {ns}/{claim}: {e}"))
+        }
+    }
+}
+
+/// Whether a claim other than `except` (uid) that is not Bound yet uses `source`.
+async fn still_used(
+    client: &Client,
+    ns: &str,
+    source: &DataSource,
+    except: &str,
+) -> Result<bool, kube::Error> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let claims = api.list(&ListParams::default()).await?;
+    Ok(claims.items.iter().any(|c| {
+        c.metadata.uid.as_deref() != Some(except)
+            && c.metadata.deletion_timestamp.is_none()
+            && c.status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or("Pending")
+                == "Pending"
+            && data_source(c).ok().flatten().as_ref() == Some(source)
+    }))
+}
+
+/// Drops the protection finalizer from the source when no other Pending claim uses it (after
+/// a clone of `claim` succeeded). Failures are logged: the finalizer then stays until the next
+/// clone of the same source succeeds.
+pub async fn release(client: &Client, claim: &PersistentVolumeClaim, source: &Resolved) {
+    let ns = claim.namespace().unwrap_or_else(|| "default".into());
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let (data, finalizer) = match source {
+        Resolved::Snapshot { vs, .. } => {
+            (DataSource::Snapshot(vs.clone()), SNAPSHOT_SOURCE_FINALIZER)
+        }
+        Resolved::Volume { claim, .. } => {
+            (DataSource::Claim(claim.clone()), CLONE_SOURCE_FINALIZER)
+        }
+    };
+    let result = match still_used(client, &ns, &data, &uid).await {
+        Ok(true) => return,
+        Ok(false) => match &data {
+            DataSource::Snapshot(vs) => {
+                remove_finalizer(&snapshots(client, &ns), vs, finalizer).await
+            }
+            DataSource::Claim(name) => {
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+                remove_finalizer(&api, name, finalizer).await
+            }
+        },
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        tracing::warn!(namespace = %ns, source = data.name(), error = %e, "could not remove {finalizer}");
+    }
+}

@@ -1,0 +1,423 @@
+//! Snapshots and clones end to end: the binary (built-in provisioner with CSI PVs, its
+//! VolumeSnapshotContent controller), the emulator's snapshot-controller slice, micro-ceph, and
+//! the fuse data path of the node service. Data is written before a snapshot or clone and read
+//! back from the restored or cloned volume.
+
+#[path = "support/node.rs"]
+mod node;
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube_emulator::Emulator;
+use node::NodePlugin;
+use rbd_volume::snapshot::{
+    MAX_CHAIN_DEPTH, META_DEPTH, clone_intermediate_name, snapshot_image_name,
+};
+use serde_json::{Value, json};
+use support::{ADMIN_SECRET, ADMIN_SECRET_NS, Harness, Process};
+
+const DRIVER: &str = rbd_csi::DEFAULT_DRIVER_NAME;
+const SNAPSHOT_CLASS: &str = "rbd-snapshots";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind),
+        plural,
+    )
+}
+
+fn snapshots(h: &Harness) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        h.client.clone(),
+        "default",
+        &resource("VolumeSnapshot", "volumesnapshots"),
+    )
+}
+
+fn contents(h: &Harness) -> Api<DynamicObject> {
+    Api::all_with(
+        h.client.clone(),
+        &resource("VolumeSnapshotContent", "volumesnapshotcontents"),
+    )
+}
+
+/// Emulator with the snapshot CRDs, provisioner (CSI PVs), a fuse ext4 class and a
+/// VolumeSnapshotClass of our driver whose snapshotter secret is the admin secret.
+async fn setup() -> (Harness, Process) {
+    let h = Harness::start_on(Emulator::builder().snapshot_crds(true).build()).await;
+    let p = h.spawn(
+        &[
+            "--leader-elect=false",
+            "--pv-source=csi",
+            "--retry-interval-start=200ms",
+            "--retry-interval-max=2s",
+        ],
+        &[],
+    );
+    let mut params = h.params();
+    params.push(("fsType".into(), "ext4".into()));
+    params.push(("mounter".into(), "fuse".into()));
+    h.create_class("csi", &params, "Delete").await;
+    let classes: Api<DynamicObject> = Api::all_with(
+        h.client.clone(),
+        &resource("VolumeSnapshotClass", "volumesnapshotclasses"),
+    );
+    let class = json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshotClass",
+        "metadata": {"name": SNAPSHOT_CLASS},
+        "driver": DRIVER,
+        "deletionPolicy": "Delete",
+        "parameters": {
+            "csi.storage.k8s.io/snapshotter-secret-name": ADMIN_SECRET,
+            "csi.storage.k8s.io/snapshotter-secret-namespace": ADMIN_SECRET_NS,
+        },
+    });
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(class).unwrap(),
+        )
+        .await
+        .unwrap();
+    (h, p)
+}
+
+async fn create_snapshot(h: &Harness, name: &str, claim: &str) {
+    let vs = json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshot",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "volumeSnapshotClassName": SNAPSHOT_CLASS,
+            "source": {"persistentVolumeClaimName": claim},
+        },
+    });
+    snapshots(h)
+        .create(&PostParams::default(), &serde_json::from_value(vs).unwrap())
+        .await
+        .unwrap();
+}
+
+async fn wait_ready(h: &Harness, name: &str) -> DynamicObject {
+    let api = snapshots(h);
+    h.until(&format!("VolumeSnapshot {name} readyToUse"), WAIT, || {
+        let api = api.clone();
+        async move {
+            let vs = api.get(name).await.ok()?;
+            (vs.data.pointer("/status/readyToUse") == Some(&json!(true))).then_some(vs)
+        }
+    })
+    .await
+}
+
+/// A claim of class `csi` whose `spec.dataSource` is `kind`/`source`.
+async fn create_claim_from(h: &Harness, name: &str, size: &str, kind: &str, source: &str) {
+    let group = (kind == "VolumeSnapshot").then_some("snapshot.storage.k8s.io");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "storageClassName": "csi",
+            "accessModes": ["ReadWriteOnce"],
+            "volumeMode": "Filesystem",
+            "resources": {"requests": {"storage": size}},
+            "dataSource": {"kind": kind, "name": source, "apiGroup": group},
+        }
+    }))
+    .unwrap();
+    h.claims()
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+}
+
+async fn delete_claim(h: &Harness, name: &str) {
+    let (_, pv) = h.wait_bound(name).await;
+    h.claims()
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
+}
+
+async fn wait_gone(h: &Harness, api: &Api<DynamicObject>, name: &str) {
+    h.until(&format!("{name} deleted"), WAIT, || {
+        let api = api.clone();
+        async move { matches!(api.get_opt(name).await, Ok(None)).then_some(()) }
+    })
+    .await;
+}
+
+fn trash(h: &Harness) -> String {
+    h.ceph.rbd(&["trash", "ls", &h.ceph.pool]).unwrap()
+}
+
+/// Finalizers of the VolumeSnapshot or claim `name`.
+fn finalizers(v: &Value) -> Vec<String> {
+    v.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn read(plugin: &NodePlugin, h: &Harness, claim: &str, file: &str) -> String {
+    let (_, pv) = h.wait_bound(claim).await;
+    plugin
+        .with_mounted(&h.client, &pv, |dir| {
+            std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| format!("<{e}>"))
+        })
+        .await
+}
+
+async fn write(plugin: &NodePlugin, h: &Harness, claim: &str, file: &str, text: &str) {
+    let (_, pv) = h.wait_bound(claim).await;
+    plugin
+        .with_mounted(&h.client, &pv, |dir| {
+            std::fs::write(dir.join(file), text).unwrap();
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_restores_into_a_new_claim_with_the_data_of_its_moment() {
+    let (h, _p) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = NodePlugin::start(dir.path());
+    h.create_claim("src", "csi", "64Mi", false).await;
+    write(&plugin, &h, "src", "a.txt", "before the snapshot").await;
+
+    create_snapshot(&h, "snap", "src").await;
+    let vs = wait_ready(&h, "snap").await;
+    let uid = vs.metadata.uid.clone().unwrap();
+    let content = contents(&h)
+        .get(&format!("snapcontent-{uid}"))
+        .await
+        .unwrap();
+    let status = &content.data["status"];
+    let handle = status["snapshotHandle"].as_str().unwrap().to_owned();
+    assert!(handle.starts_with("s1/"), "{status}");
+    assert_eq!(status["restoreSize"], json!(64u64 << 20), "{status}");
+    assert!(status["creationTime"].as_i64().unwrap() > 1_600_000_000_000_000_000);
+    assert_eq!(vs.data["status"]["restoreSize"], json!("64Mi"));
+    let snap_image = snapshot_image_name(&format!("snapshot-{uid}"));
+    assert!(handle.ends_with(&snap_image), "{handle}");
+    assert!(h.images().contains(&snap_image));
+    // the being-created annotation is gone once the status is filled
+    let annotations = content.metadata.annotations.clone().unwrap_or_default();
+    assert!(
+        !annotations.contains_key("snapshot.storage.kubernetes.io/volumesnapshot-being-created"),
+        "{annotations:?}"
+    );
+
+    // the source changes after the snapshot; the restore has the snapshot's moment
+    write(&plugin, &h, "src", "a.txt", "after the snapshot").await;
+    create_claim_from(&h, "restored", "128Mi", "VolumeSnapshot", "snap").await;
+    let (_, pv) = h.wait_bound("restored").await;
+    let restored_image = Harness::image_name(&pv);
+    assert_eq!(
+        h.image_size(&restored_image),
+        128 << 20,
+        "grown to the request"
+    );
+    assert_eq!(
+        read(&plugin, &h, "restored", "a.txt").await,
+        "before the snapshot"
+    );
+    assert_eq!(
+        read(&plugin, &h, "src", "a.txt").await,
+        "after the snapshot"
+    );
+    // the provisioner's protection finalizer is off the snapshot once the restore is done
+    let api = snapshots(&h);
+    h.until("snapshot protection finalizer removed", WAIT, || {
+        let api = api.clone();
+        async move {
+            let vs = api.get("snap").await.ok()?;
+            let f = finalizers(&serde_json::to_value(&vs).ok()?);
+            (!f.iter()
+                .any(|f| f.starts_with("provisioner.storage.kubernetes.io/")))
+            .then_some(())
+        }
+    })
+    .await;
+
+    // the snapshot is deleted while the restore exists: content, snapshot image go; the
+    // restore keeps its data
+    api.delete("snap", &DeleteParams::default()).await.unwrap();
+    wait_gone(&h, &api, "snap").await;
+    wait_gone(&h, &contents(&h), &format!("snapcontent-{uid}")).await;
+    h.until("snapshot image removed or trashed", WAIT, || async {
+        (!h.images().contains(&snap_image)).then_some(())
+    })
+    .await;
+    assert_eq!(
+        read(&plugin, &h, "restored", "a.txt").await,
+        "before the snapshot"
+    );
+
+    // the source goes, then the restore: nothing of ours is left, trash included
+    delete_claim(&h, "src").await;
+    assert_eq!(
+        read(&plugin, &h, "restored", "a.txt").await,
+        "before the snapshot"
+    );
+    delete_claim(&h, "restored").await;
+    let images = h.images();
+    assert!(!images.contains(&restored_image) && !images.contains(&snap_image));
+    assert!(!trash(&h).contains(&snap_image), "{}", trash(&h));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_clones_another_and_outlives_its_source() {
+    let (h, _p) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = NodePlugin::start(dir.path());
+    h.create_claim("origin", "csi", "64Mi", false).await;
+    write(&plugin, &h, "origin", "b.txt", "cloned content").await;
+
+    create_claim_from(&h, "copy", "96Mi", "PersistentVolumeClaim", "origin").await;
+    let (_, pv) = h.wait_bound("copy").await;
+    let copy_image = Harness::image_name(&pv);
+    assert_eq!(h.image_size(&copy_image), 96 << 20);
+    let intermediate = clone_intermediate_name(&h.ceph.pool, &copy_image);
+    assert!(h.images().contains(&intermediate));
+    assert_eq!(read(&plugin, &h, "copy", "b.txt").await, "cloned content");
+    // the clone is independent of later writes to the source
+    write(&plugin, &h, "origin", "b.txt", "changed").await;
+    assert_eq!(read(&plugin, &h, "copy", "b.txt").await, "cloned content");
+    // the cloning-protection finalizer is off the source once the clone is done
+    h.until("cloning protection removed", WAIT, || async {
+        let c = h.claims().get("origin").await.ok()?;
+        let f = c.metadata.finalizers.clone().unwrap_or_default();
+        (!f.iter()
+            .any(|f| f == "provisioner.storage.kubernetes.io/cloning-protection"))
+        .then_some(())
+    })
+    .await;
+
+    // the source is deleted while its clone exists; the clone keeps its data
+    let (_, origin_pv) = h.wait_bound("origin").await;
+    let origin_image = Harness::image_name(&origin_pv);
+    delete_claim(&h, "origin").await;
+    assert!(!h.images().contains(&origin_image));
+    assert_eq!(read(&plugin, &h, "copy", "b.txt").await, "cloned content");
+    delete_claim(&h, "copy").await;
+    let images = h.images();
+    assert!(
+        !images.contains(&copy_image) && !images.contains(&intermediate),
+        "{images:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ten_deep_chain_of_clones_stays_readable_and_short() {
+    let (h, _p) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = NodePlugin::start(dir.path());
+    h.create_claim("gen0", "csi", "64Mi", false).await;
+    write(&plugin, &h, "gen0", "c.txt", "generation zero").await;
+    let mut images = Vec::new();
+    for i in 1..=10 {
+        let (name, parent) = (format!("gen{i}"), format!("gen{}", i - 1));
+        create_claim_from(&h, &name, "64Mi", "PersistentVolumeClaim", &parent).await;
+        let (_, pv) = h.wait_bound(&name).await;
+        let image = Harness::image_name(&pv);
+        let depth: u32 = h
+            .image_meta(&image, META_DEPTH)
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(0);
+        assert!(depth <= MAX_CHAIN_DEPTH, "{name}: depth {depth}");
+        images.push(image);
+    }
+    // the chain as Ceph sees it: never more than MAX_CHAIN_DEPTH parents above the last one
+    let mut parents = 0;
+    let mut spec = format!("{}/{}", h.ceph.pool, images[9]);
+    while let Ok(info) = h.ceph.rbd(&["info", "--format", "json", &spec]) {
+        let v: Value = serde_json::from_str(&info).unwrap();
+        let Some(parent) = v.get("parent") else { break };
+        parents += 1;
+        spec = format!(
+            "{}/{}",
+            parent["pool"].as_str().unwrap(),
+            parent["image"].as_str().unwrap()
+        );
+    }
+    assert!(
+        parents <= MAX_CHAIN_DEPTH as usize,
+        "{parents} parents above gen10"
+    );
+    assert_eq!(read(&plugin, &h, "gen10", "c.txt").await, "generation zero");
+    assert_eq!(read(&plugin, &h, "gen5", "c.txt").await, "generation zero");
+    // deleting from the root down leaves every later generation readable
+    for i in 0..10 {
+        delete_claim(&h, &format!("gen{i}")).await;
+    }
+    assert_eq!(read(&plugin, &h, "gen10", "c.txt").await, "generation zero");
+    delete_claim(&h, "gen10").await;
+    let left = h.images();
+    for image in &images {
+        assert!(!left.contains(image), "{image} left");
+        assert!(
+            !left.contains(&clone_intermediate_name(&h.ceph.pool, image)),
+            "intermediate of {image} left"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_data_sources_are_refused_with_the_field_named() {
+    let (h, _p) = setup().await;
+    h.create_claim("base", "csi", "64Mi", false).await;
+    h.wait_bound("base").await;
+    create_claim_from(&h, "no-such-snap", "64Mi", "VolumeSnapshot", "missing").await;
+    let m = h.wait_event("no-such-snap", "ProvisioningFailed").await;
+    assert!(
+        m.contains("spec.dataSource: VolumeSnapshot default/missing not found"),
+        "{m}"
+    );
+    create_claim_from(&h, "too-small", "32Mi", "PersistentVolumeClaim", "base").await;
+    let m = h.wait_event("too-small", "ProvisioningFailed").await;
+    assert!(
+        m.contains("spec.resources.requests.storage") && m.contains("smaller"),
+        "{m}"
+    );
+    create_snapshot(&h, "base-snap", "base").await;
+    wait_ready(&h, "base-snap").await;
+    create_claim_from(&h, "small-restore", "32Mi", "VolumeSnapshot", "base-snap").await;
+    let m = h.wait_event("small-restore", "ProvisioningFailed").await;
+    assert!(m.contains("smaller than the restore size"), "{m}");
+    // a block claim from a filesystem snapshot
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "as-block", "namespace": "default"},
+        "spec": {
+            "storageClassName": "csi",
+            "accessModes": ["ReadWriteOnce"],
+            "volumeMode": "Block",
+            "resources": {"requests": {"storage": "64Mi"}},
+            "dataSource": {"kind": "VolumeSnapshot", "name": "base-snap", "apiGroup": "snapshot.storage.k8s.io"},
+        }
+    }))
+    .unwrap();
+    h.claims()
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let m = h.wait_event("as-block", "ProvisioningFailed").await;
+    assert!(m.contains("spec.volumeMode \"Block\""), "{m}");
+    for name in ["no-such-snap", "too-small", "small-restore", "as-block"] {
+        let c = h.claims().get(name).await.unwrap();
+        assert_ne!(
+            c.status.and_then(|s| s.phase).as_deref(),
+            Some("Bound"),
+            "{name}"
+        );
+    }
+}

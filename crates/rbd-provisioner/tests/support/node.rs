@@ -1,0 +1,189 @@
+//! The fuse data path for end-to-end tests: the node service of the same binary
+//! (`rbd-provisioner csi --services=node --default-mounter=fuse`) stages and publishes a PV
+//! exactly as the kubelet would (handle, attributes, the node-stage secret's data). Included
+//! with `#[path = "support/node.rs"] mod node;` by the tests that read and write volume data.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
+use kube::{Api, Client};
+use rbd_csi::proto::csi::node_client::NodeClient;
+use rbd_csi::proto::csi::volume_capability::{
+    AccessMode, AccessType, MountVolume, access_mode::Mode,
+};
+use rbd_csi::proto::csi::{
+    NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
+    NodeUnstageVolumeRequest, VolumeCapability,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The node plugin process; stopped (SIGTERM) on drop.
+pub struct NodePlugin {
+    child: Child,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl NodePlugin {
+    pub fn start(dir: &Path) -> NodePlugin {
+        let socket = dir.join("csi.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+            .args([
+                "csi",
+                "--services=node",
+                "--default-mounter=fuse",
+                "--node-id=node-1",
+            ])
+            .arg(format!("--endpoint=unix://{}", socket.display()))
+            .arg(format!("--runtime-dir={}", dir.join("run").display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("node.log")).unwrap())
+            .spawn()
+            .unwrap();
+        NodePlugin {
+            child,
+            socket,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    pub async fn client(&self) -> NodeClient<Channel> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::UnixStream::connect(&self.socket).await.is_err() {
+            assert!(Instant::now() < deadline, "the node plugin never listened");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let path = self.socket.clone();
+        let channel = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap();
+        NodeClient::new(channel)
+    }
+
+    /// Stages and publishes the CSI PV `pv` (fsType ext4), runs `f` on the mounted
+    /// directory, then unpublishes and unstages it.
+    pub async fn with_mounted<T>(
+        &self,
+        client: &Client,
+        pv: &PersistentVolume,
+        f: impl FnOnce(&Path) -> T,
+    ) -> T {
+        let mut node = self.client().await;
+        let csi = pv.spec.as_ref().unwrap().csi.clone().unwrap();
+        let secrets = secret_data(client, pv).await;
+        let staging = self.dir.join("staging");
+        let target = self.dir.join("pods/p1/volume");
+        let cap = VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume {
+                fs_type: csi.fs_type.clone().unwrap_or_else(|| "ext4".into()),
+                ..Default::default()
+            })),
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+        };
+        let context: HashMap<String, String> = csi
+            .volume_attributes
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let handle = csi.volume_handle.clone();
+        node.node_stage_volume(NodeStageVolumeRequest {
+            volume_id: handle.clone(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap.clone()),
+            secrets,
+            volume_context: context.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        node.node_publish_volume(NodePublishVolumeRequest {
+            volume_id: handle.clone(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(cap),
+            volume_context: context,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        assert!(mounted(&target), "{} not mounted", target.display());
+        let result = f(&target);
+        node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: handle.clone(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+        node.node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: handle,
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap();
+        assert!(!mounted(&target) && !mounted(&staging));
+        result
+    }
+}
+
+impl Drop for NodePlugin {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the kubelet passes as node-stage secrets: the referenced Secret's data.
+async fn secret_data(client: &Client, pv: &PersistentVolume) -> HashMap<String, String> {
+    let r = pv
+        .spec
+        .as_ref()
+        .unwrap()
+        .csi
+        .as_ref()
+        .unwrap()
+        .node_stage_secret_ref
+        .clone()
+        .unwrap();
+    let api: Api<Secret> = Api::namespaced(client.clone(), r.namespace.as_deref().unwrap());
+    let secret = api.get(r.name.as_deref().unwrap()).await.unwrap();
+    let mut data: HashMap<String, String> = secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+        .collect();
+    for (k, v) in secret.string_data.unwrap_or_default() {
+        data.entry(k).or_insert(v);
+    }
+    data
+}
+
+pub fn mounted(path: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let p = path.to_string_lossy();
+    mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(&*p))
+}
