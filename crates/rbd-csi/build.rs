@@ -13,6 +13,10 @@ const SECRET_CARRIERS: &[&str] = &[
     "CreateSnapshotRequest",
     "DeleteSnapshotRequest",
     "ListSnapshotsRequest",
+    "ControllerModifyVolumeRequest",
+    "CreateVolumeGroupSnapshotRequest",
+    "DeleteVolumeGroupSnapshotRequest",
+    "GetVolumeGroupSnapshotRequest",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

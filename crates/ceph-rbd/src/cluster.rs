@@ -86,6 +86,18 @@ pub struct GroupSnapInfo {
     pub complete: bool,
 }
 
+/// An image's snapshot that belongs to a group snapshot (group namespace).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageGroupSnap {
+    /// The image's snapshot ID (what opening the image at it needs).
+    pub id: u64,
+    /// ID of the pool the group lives in.
+    pub group_pool: i64,
+    pub group: String,
+    /// The group snapshot's name.
+    pub group_snap: String,
+}
+
 /// One image in a pool's trash.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrashEntry {
@@ -757,6 +769,79 @@ impl Cluster {
         let target = format!("{pool}/group:{group}");
         self.with_pool("list group snapshots", pool, target, move |io| {
             io.group_snap_list(&group)
+        })
+        .await
+    }
+
+    /// The snapshots `pool/image` carries for group snapshots.
+    pub async fn image_group_snaps(
+        &self,
+        pool: &str,
+        image: &str,
+    ) -> Result<Vec<ImageGroupSnap>, Error> {
+        self.with_image("list group snapshots of image", pool, image, true, |img| {
+            img.group_snaps()
+        })
+        .await
+    }
+
+    /// The group `pool/image` belongs to, `(pool id, group name)`; `None` when in none.
+    pub async fn image_group(
+        &self,
+        pool: &str,
+        image: &str,
+    ) -> Result<Option<(i64, String)>, Error> {
+        self.with_image("read image group", pool, image, true, |img| img.group())
+            .await
+    }
+
+    /// Copies `pool/image` as it was at the group snapshot `group@group_snap` (of a group in
+    /// `pool`) to a new image `dest_pool/dest_name`: a full copy of the data (flattened, no
+    /// parent), without snapshots. `NotFound` when the image carries no such group snapshot.
+    ///
+    /// This is how a group snapshot's member becomes cloneable on Ceph 16, where an image's
+    /// group snapshot can be rolled back to but not cloned (`rbd_clone4` is Ceph 19's).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn copy_group_snapshot(
+        &self,
+        pool: &str,
+        image: &str,
+        group: &str,
+        group_snap: &str,
+        dest_pool: &str,
+        dest_name: &str,
+        opts: &CreateOptions,
+    ) -> Result<(), Error> {
+        let op = "copy group snapshot";
+        check_image_name(op, pool, image)?;
+        check_image_name(op, dest_pool, dest_name)?;
+        let (pool, image, group, group_snap, dest_pool, dest_name, opts) = (
+            pool.to_string(),
+            image.to_string(),
+            group.to_string(),
+            group_snap.to_string(),
+            dest_pool.to_string(),
+            dest_name.to_string(),
+            opts.clone(),
+        );
+        let target =
+            format!("{pool}/{image}@group:{group}@{group_snap} -> {dest_pool}/{dest_name}");
+        self.run(op, target.clone(), move |rados| {
+            let src = rados.ioctx(&pool)?;
+            let dst = rados.ioctx(&dest_pool)?;
+            let group_pool = src.pool_id();
+            let img = src.open(&image, true)?;
+            let snap = img
+                .group_snaps()?
+                .into_iter()
+                .find(|s| {
+                    s.group_pool == group_pool && s.group == group && s.group_snap == group_snap
+                })
+                .ok_or_else(|| Error::NotFound {
+                    op,
+                    target: target.clone(),
+                })?;
+            img.deep_copy_at(snap.id, &dst, &dest_name, &opts)
         })
         .await
     }

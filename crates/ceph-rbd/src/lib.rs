@@ -32,8 +32,8 @@ mod probe;
 mod raw;
 
 pub use cluster::{
-    Cluster, ClusterStats, CreateOptions, GroupSnapInfo, ImageInfo, MAX_CALLS_PER_CONNECTION,
-    ParentSpec, PoolStats, SnapInfo, TrashEntry, Watcher,
+    Cluster, ClusterStats, CreateOptions, GroupSnapInfo, ImageGroupSnap, ImageInfo,
+    MAX_CALLS_PER_CONNECTION, ParentSpec, PoolStats, SnapInfo, TrashEntry, Watcher,
 };
 pub use config::{ClusterConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, Secret};
 pub use error::Error;

@@ -14,8 +14,8 @@ use std::marker::PhantomData;
 use std::ptr;
 
 use crate::{
-    ClusterConfig, ClusterStats, CreateOptions, Error, Features, GroupSnapInfo, ImageInfo,
-    ParentSpec, PoolStats, SnapInfo, TrashEntry, Watcher,
+    ClusterConfig, ClusterStats, CreateOptions, Error, Features, GroupSnapInfo, ImageGroupSnap,
+    ImageInfo, ParentSpec, PoolStats, SnapInfo, TrashEntry, Watcher,
 };
 
 #[allow(
@@ -336,6 +336,12 @@ impl IoCtx<'_> {
         let c_group = cstring(group, op, &target)?;
         // SAFETY: `f` is rbd_group_create or rbd_group_remove; valid ioctx and string.
         check(unsafe { f(self.handle, c_group.as_ptr()) }, op, &target).map(drop)
+    }
+
+    /// The pool's ID.
+    pub(crate) fn pool_id(&self) -> i64 {
+        // SAFETY: valid ioctx.
+        unsafe { ffi::rados_ioctx_get_id(self.handle) }
     }
 
     pub(crate) fn group_create(&self, group: &str) -> Result<(), Error> {
@@ -861,8 +867,8 @@ impl Image<'_> {
         self.snap_call("unprotect snapshot", snap, ffi::rbd_snap_unprotect)
     }
 
-    pub(crate) fn snap_list(&self) -> Result<Vec<SnapInfo>, Error> {
-        let op = "list snapshots";
+    /// Every snapshot of the image, of every namespace: `(id, name, size)`.
+    fn snap_entries(&self, op: &'static str) -> Result<Vec<(u64, String, u64)>, Error> {
         let mut max: c_int = 16;
         for _ in 0..8 {
             // librbd writes `max` entries plus an end marker
@@ -877,67 +883,74 @@ impl Image<'_> {
             let count = check(rc, op, &self.target)? as usize;
             // SAFETY: librbd initialised `count` entries (and the end marker).
             unsafe { snaps.set_len(count) };
-            let mut list = Vec::with_capacity(count);
-            for s in &snaps {
-                let mut namespace: ffi::rbd_snap_namespace_type_t = 0;
-                // SAFETY: open image, a listed snapshot id and an out-pointer.
-                let rc =
-                    unsafe { ffi::rbd_snap_get_namespace_type(self.handle, s.id, &mut namespace) };
-                if rc < 0 {
-                    // SAFETY: releases the names librbd allocated.
-                    unsafe { ffi::rbd_snap_list_end(snaps.as_mut_ptr()) };
-                    return Err(Error::from_errno(rc, op, &self.target));
-                }
-                // only user snapshots: not those of a group, nor removed ones that wait in the
-                // snapshot trash for their clones (clone v2)
-                if namespace != ffi::rbd_snap_namespace_type_t_RBD_SNAP_NAMESPACE_TYPE_USER {
-                    continue;
-                }
-                let c_name_ptr = s.name;
-                // SAFETY: valid C string until rbd_snap_list_end.
-                let name = unsafe { owned(c_name_ptr) };
-                let mut protected: c_int = 0;
-                let c_name = cstring(&name, op, &self.target)?;
-                // SAFETY: open image, string and out-pointer.
-                let rc = unsafe {
-                    ffi::rbd_snap_is_protected(self.handle, c_name.as_ptr(), &mut protected)
-                };
-                if rc < 0 {
-                    // SAFETY: releases the names librbd allocated.
-                    unsafe { ffi::rbd_snap_list_end(snaps.as_mut_ptr()) };
-                    return Err(Error::from_errno(rc, op, &self.target));
-                }
-                let mut created = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                // SAFETY: open image, a snapshot id librbd just listed, a valid out-struct
-                // (librbd's `struct timespec` is libc's).
-                let rc = unsafe {
-                    ffi::rbd_snap_get_timestamp(
-                        self.handle,
-                        s.id,
-                        std::ptr::from_mut(&mut created).cast(),
-                    )
-                };
-                if rc < 0 {
-                    // SAFETY: releases the names librbd allocated.
-                    unsafe { ffi::rbd_snap_list_end(snaps.as_mut_ptr()) };
-                    return Err(Error::from_errno(rc, op, &self.target));
-                }
-                list.push(SnapInfo {
-                    id: s.id,
-                    name,
-                    size: s.size,
-                    protected: protected != 0,
-                    created: system_time(&created),
-                });
-            }
+            let entries = snaps
+                .iter()
+                // SAFETY: valid C strings until rbd_snap_list_end.
+                .map(|s| (s.id, unsafe { owned(s.name) }, s.size))
+                .collect();
             // SAFETY: releases the names librbd allocated.
             unsafe { ffi::rbd_snap_list_end(snaps.as_mut_ptr()) };
-            return Ok(list);
+            return Ok(entries);
         }
         Err(Error::from_errno(-libc::ERANGE, op, &self.target))
+    }
+
+    /// The namespace of snapshot `id`; `None` when it was removed meanwhile.
+    fn snap_namespace(
+        &self,
+        id: u64,
+        op: &'static str,
+    ) -> Result<Option<ffi::rbd_snap_namespace_type_t>, Error> {
+        let mut namespace: ffi::rbd_snap_namespace_type_t = 0;
+        // SAFETY: open image, a listed snapshot id and an out-pointer.
+        let rc = unsafe { ffi::rbd_snap_get_namespace_type(self.handle, id, &mut namespace) };
+        if rc == -libc::ENOENT {
+            return Ok(None);
+        }
+        check(rc, op, &self.target)?;
+        Ok(Some(namespace))
+    }
+
+    pub(crate) fn snap_list(&self) -> Result<Vec<SnapInfo>, Error> {
+        let op = "list snapshots";
+        let mut list = Vec::new();
+        for (id, name, size) in self.snap_entries(op)? {
+            // only user snapshots: not those of a group, nor removed ones that wait in the
+            // snapshot trash for their clones (clone v2)
+            if self.snap_namespace(id, op)?
+                != Some(ffi::rbd_snap_namespace_type_t_RBD_SNAP_NAMESPACE_TYPE_USER)
+            {
+                continue;
+            }
+            let mut protected: c_int = 0;
+            let c_name = cstring(&name, op, &self.target)?;
+            // SAFETY: open image, string and out-pointer.
+            let rc =
+                unsafe { ffi::rbd_snap_is_protected(self.handle, c_name.as_ptr(), &mut protected) };
+            check(rc, op, &self.target)?;
+            let mut created = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: open image, a snapshot id librbd just listed, a valid out-struct
+            // (librbd's `struct timespec` is libc's).
+            let rc = unsafe {
+                ffi::rbd_snap_get_timestamp(
+                    self.handle,
+                    id,
+                    std::ptr::from_mut(&mut created).cast(),
+                )
+            };
+            check(rc, op, &self.target)?;
+            list.push(SnapInfo {
+                id,
+                name,
+                size,
+                protected: protected != 0,
+                created: system_time(&created),
+            });
+        }
+        Ok(list)
     }
 
     /// The snapshot this image was cloned from; `None` for an image that is no clone (or was
@@ -981,6 +994,95 @@ impl Image<'_> {
             ffi::rbd_flatten_with_progress(self.handle, Some(no_progress), ptr::null_mut())
         };
         check(rc, "flatten image", &self.target).map(drop)
+    }
+
+    /// The snapshots this image carries for group snapshots (group namespace), which
+    /// [`Image::snap_list`] leaves out.
+    pub(crate) fn group_snaps(&self) -> Result<Vec<ImageGroupSnap>, Error> {
+        let op = "list group snapshots of image";
+        let mut list = Vec::new();
+        for (id, _, _) in self.snap_entries(op)? {
+            if self.snap_namespace(id, op)?
+                != Some(ffi::rbd_snap_namespace_type_t_RBD_SNAP_NAMESPACE_TYPE_GROUP)
+            {
+                continue;
+            }
+            let size = std::mem::size_of::<ffi::rbd_snap_group_namespace_t>();
+            // SAFETY: plain C struct of an integer and pointers: all-zero is valid.
+            let mut ns: ffi::rbd_snap_group_namespace_t = unsafe { std::mem::zeroed() };
+            // SAFETY: open image, a listed snapshot id, an out-struct of `size` bytes; on
+            // success librbd allocates its strings, released by the cleanup below.
+            let rc = unsafe { ffi::rbd_snap_get_group_namespace(self.handle, id, &mut ns, size) };
+            if rc == -libc::ENOENT {
+                continue;
+            }
+            check(rc, op, &self.target)?;
+            // SAFETY: strings librbd set, valid until the cleanup.
+            let (group, group_snap) = unsafe { (owned(ns.group_name), owned(ns.group_snap_name)) };
+            let group_pool = ns.group_pool;
+            // SAFETY: releases what rbd_snap_get_group_namespace allocated, once.
+            unsafe { ffi::rbd_snap_group_namespace_cleanup(&mut ns, size) };
+            list.push(ImageGroupSnap {
+                id,
+                group_pool,
+                group,
+                group_snap,
+            });
+        }
+        Ok(list)
+    }
+
+    /// The group this image belongs to: `(pool id, group name)`, `None` when it is in none.
+    pub(crate) fn group(&self) -> Result<Option<(i64, String)>, Error> {
+        let size = std::mem::size_of::<ffi::rbd_group_info_t>();
+        // SAFETY: plain C struct of a pointer and an integer: all-zero is valid.
+        let mut info: ffi::rbd_group_info_t = unsafe { std::mem::zeroed() };
+        // SAFETY: open image and an out-struct of `size` bytes; librbd allocates its name,
+        // released by the cleanup below.
+        let rc = unsafe { ffi::rbd_get_group(self.handle, &mut info, size) };
+        check(rc, "read image group", &self.target)?;
+        // SAFETY: the name librbd set (empty when in no group), valid until the cleanup.
+        let name = unsafe { owned(info.name) };
+        let pool = info.pool;
+        // SAFETY: releases what rbd_get_group allocated, once.
+        unsafe { ffi::rbd_group_info_cleanup(&mut info, size) };
+        Ok((pool >= 0 && !name.is_empty()).then_some((pool, name)))
+    }
+
+    /// Copies this image as it was at snapshot `snap_id` (any namespace, a group snapshot's
+    /// included) to `dest/dest_name`: a full, flattened copy (no parent, no snapshots of the
+    /// source are needed afterwards).
+    pub(crate) fn deep_copy_at(
+        &self,
+        snap_id: u64,
+        dest: &IoCtx<'_>,
+        dest_name: &str,
+        opts: &CreateOptions,
+    ) -> Result<(), Error> {
+        let op = "deep copy image";
+        let target = format!("{}@{snap_id} -> {}", self.target, dest.spec(dest_name));
+        let d = cstring(dest_name, op, &target)?;
+        // SAFETY: open image and a snapshot id of it.
+        check(
+            unsafe { ffi::rbd_snap_set_by_id(self.handle, snap_id) },
+            op,
+            &target,
+        )?;
+        let options = ImageOptions::new(opts, op, &target)?;
+        options.set_u64(ffi::RBD_IMAGE_OPTION_FLATTEN, 1, op, &target)?;
+        // SAFETY: open image, valid destination ioctx, string and options; progress callback
+        // required by the C wrapper.
+        let rc = unsafe {
+            ffi::rbd_deep_copy_with_progress(
+                self.handle,
+                dest.handle,
+                d.as_ptr(),
+                options.0,
+                Some(no_progress),
+                ptr::null_mut(),
+            )
+        };
+        check(rc, op, &target).map(drop)
     }
 }
 

@@ -77,6 +77,11 @@ impl Identity for IdentityService {
                 })),
             },
             csi::PluginCapability {
+                r#type: Some(Type::Service(Service {
+                    r#type: service::Type::GroupControllerService as i32,
+                })),
+            },
+            csi::PluginCapability {
                 r#type: Some(Type::VolumeExpansion(VolumeExpansion {
                     r#type: volume_expansion::Type::Online as i32,
                 })),

@@ -92,6 +92,23 @@ redacted_debug!(ListSnapshotsRequest {
     source_volume_id,
     snapshot_id,
 });
+redacted_debug!(ControllerModifyVolumeRequest {
+    volume_id,
+    mutable_parameters,
+});
+redacted_debug!(CreateVolumeGroupSnapshotRequest {
+    name,
+    source_volume_ids,
+    parameters,
+});
+redacted_debug!(DeleteVolumeGroupSnapshotRequest {
+    group_snapshot_id,
+    snapshot_ids,
+});
+redacted_debug!(GetVolumeGroupSnapshotRequest {
+    group_snapshot_id,
+    snapshot_ids,
+});
 
 #[cfg(test)]
 mod tests {
@@ -127,5 +144,17 @@ mod tests {
             ..Default::default()
         };
         assert!(!format!("{snapshot:?}").contains("AQBsecret"));
+        let group = csi::CreateVolumeGroupSnapshotRequest {
+            name: "group-1".into(),
+            secrets: create.secrets.clone(),
+            ..Default::default()
+        };
+        assert!(!format!("{group:?}").contains("AQBsecret"));
+        let modify = csi::ControllerModifyVolumeRequest {
+            volume_id: "v1/m/p/i".into(),
+            secrets: create.secrets.clone(),
+            ..Default::default()
+        };
+        assert!(!format!("{modify:?}").contains("AQBsecret"));
     }
 }

@@ -98,10 +98,11 @@ pub async fn serve(
         .services
         .node()
         .then(|| NodeServer::new(NodeService::new(config.node_config())));
-    let controller = config
+    let (controller, group_controller) = config
         .services
         .controller()
-        .then(|| crate::controller::server(&config));
+        .then(|| crate::controller::servers(&config))
+        .unzip();
 
     let listener = bind_unix(&config.endpoint)?;
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name,
@@ -110,6 +111,7 @@ pub async fn serve(
     let csi = Server::builder()
         .add_service(identity)
         .add_optional_service(controller)
+        .add_optional_service(group_controller)
         .add_optional_service(node)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopped(stop_rx.clone()));
 

@@ -51,3 +51,5 @@ pub use snapshot::{
     SnapshotOwner, Source, clone_volume, create_snapshot, delete_snapshot, delete_volume,
     find_snapshot, list_snapshots, purge_trash, snapshot_image_name,
 };
+pub mod group;
+pub mod list;

@@ -76,7 +76,7 @@ pub const META_CLONE_INTERMEDIATE: &str = "provisioner.ceph.com/clone-intermedia
 
 /// Features of internal images: librbd's defaults; deep-flatten so that flattening detaches
 /// their snapshots from the parent too.
-fn internal_features() -> Features {
+pub(crate) fn internal_features() -> Features {
     Features::LAYERING
         | Features::EXCLUSIVE_LOCK
         | Features::OBJECT_MAP
@@ -415,7 +415,7 @@ async fn clone_replacing_partial(
 /// Written on internal images over the volume record a clone inherits from its parent (librbd
 /// copies a parent's metadata into a clone): a provisioner `-` that no provisioner or driver
 /// has, so `gc` and the volume checks never take a snapshot image for the source's volume.
-const NOT_A_VOLUME: [(&str, &str); 3] = [
+pub(crate) const NOT_A_VOLUME: [(&str, &str); 3] = [
     (crate::owner::META_PROVISIONER, "-"),
     (crate::owner::META_CLAIM, ""),
     (crate::owner::META_PV, ""),
@@ -443,7 +443,7 @@ async fn own_metadata(
     Ok(meta)
 }
 
-fn missing_entries(
+pub(crate) fn missing_entries(
     recorded: &BTreeMap<String, String>,
     entries: &[(&str, &str)],
 ) -> Vec<(String, String)> {

@@ -1,5 +1,6 @@
-//! The CSI Controller service: `CreateVolume`, `DeleteVolume`, `ControllerExpandVolume`,
-//! `ValidateVolumeCapabilities`, `GetCapacity` and `ControllerGetCapabilities`, on librbd through
+//! The CSI `Controller` and `GroupController` services: `CreateVolume`, `DeleteVolume`,
+//! `ControllerExpandVolume`, `ValidateVolumeCapabilities`, `GetCapacity`, `ListVolumes`,
+//! `ControllerModifyVolume`, snapshots and group snapshots, on librbd through
 //! `ceph-rbd` (pooled connections keyed by monitors + user + key).
 //!
 //! The image lifecycle is the volume core's ([`rbd_volume`]), the one the built-in provisioner
@@ -15,11 +16,19 @@
 //! not the image of. Calls for one volume (or one request name) are serialised: a concurrent
 //! second call gets ABORTED.
 //!
+//! **Listing** (`ListVolumes` with volume conditions, [`listing`]), **limits** (`ControllerModifyVolume`
+//! and `CreateVolume`'s `mutable_parameters`, [`modify`]) and **volume group snapshots** (the
+//! `GroupController` service, [`groups`]) are thin translations onto the volume core too.
+//!
 //! **Snapshots and clones** (`CreateSnapshot`, `DeleteSnapshot`, `ListSnapshots`, `CreateVolume`
 //! from a snapshot or a volume) are the volume core's [`rbd_volume::snapshot`]: clone-v2 snapshot
 //! images, deletes that never break dependents, clone chains flattened past
 //! [`rbd_volume::MAX_CHAIN_DEPTH`] parents.
 
+mod groups;
+mod listing;
+mod modify;
+mod pages;
 mod params;
 mod snapshots;
 mod volumes;
@@ -120,13 +129,20 @@ impl ControllerService {
     }
 }
 
-/// The gRPC server for the controller of `config` (own connection pool).
+/// The gRPC servers of the `Controller` and `GroupController` services of `config`: one controller
+/// (own connection pool, shared per-call locks) behind both.
 #[must_use]
-pub fn server(config: &CsiConfig) -> csi::controller_server::ControllerServer<ControllerService> {
-    csi::controller_server::ControllerServer::new(ControllerService::new(
-        config,
-        ConnectionPool::new(PoolOptions::default()),
-    ))
+pub fn servers(
+    config: &CsiConfig,
+) -> (
+    csi::controller_server::ControllerServer<ControllerService>,
+    csi::group_controller_server::GroupControllerServer<ControllerService>,
+) {
+    let controller = ControllerService::new(config, ConnectionPool::new(PoolOptions::default()));
+    (
+        csi::controller_server::ControllerServer::new(controller.clone()),
+        csi::group_controller_server::GroupControllerServer::new(controller),
+    )
 }
 
 /// Maps a Ceph error to the CSI code a CO acts on (by value: it is used as `map_err(ceph_status)`).
@@ -266,6 +282,9 @@ impl Controller for ControllerService {
                 Type::CreateDeleteSnapshot,
                 Type::ListSnapshots,
                 Type::CloneVolume,
+                Type::ListVolumes,
+                Type::VolumeCondition,
+                Type::ModifyVolume,
             ]
             .into_iter()
             .map(rpc_capability)
@@ -306,5 +325,22 @@ impl Controller for ControllerService {
         Ok(Response::new(
             snapshots::list(self, request.into_inner()).await?,
         ))
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        Ok(Response::new(
+            listing::list(self, request.into_inner()).await?,
+        ))
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        request: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        modify::modify(self, request.into_inner()).await?;
+        Ok(Response::new(csi::ControllerModifyVolumeResponse {}))
     }
 }

@@ -19,7 +19,7 @@ use rbd_volume::snapshot::{self, Snapshot, SnapshotError, SnapshotId, SnapshotOw
 use tonic::Status;
 
 use super::params::credentials;
-use super::{ControllerService, volume_status};
+use super::{ControllerService, pages, volume_status};
 use crate::proto::csi;
 use crate::status::require;
 use crate::volume::VolumeId;
@@ -53,7 +53,7 @@ pub(super) fn snapshot_credentials(
     }
 }
 
-fn entry(monitors: &str, snap: &Snapshot) -> Result<csi::Snapshot, Status> {
+pub(super) fn entry(monitors: &str, snap: &Snapshot) -> Result<csi::Snapshot, Status> {
     let snapshot_id = SnapshotId::new(monitors, &snap.pool, &snap.image)
         .encode()
         .map_err(Status::internal)?;
@@ -74,19 +74,29 @@ fn entry(monitors: &str, snap: &Snapshot) -> Result<csi::Snapshot, Status> {
     })
 }
 
+/// Snapshots take no parameters of their own: any key outside `csi.storage.k8s.io/*` is
+/// `INVALID_ARGUMENT`, named.
+pub(super) fn only_co_parameters(
+    parameters: &HashMap<String, String>,
+    what: &str,
+) -> Result<(), Status> {
+    for key in parameters.keys() {
+        if !key.starts_with("csi.storage.k8s.io/") {
+            return Err(Status::invalid_argument(format!(
+                "unknown parameter {key:?} ({what} take no parameters besides csi.storage.k8s.io/*)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub(super) async fn create(
     ctl: &ControllerService,
     req: csi::CreateSnapshotRequest,
 ) -> Result<csi::CreateSnapshotResponse, Status> {
     let name = require(&req.name, "name")?;
     let source_id = require(&req.source_volume_id, "source_volume_id")?;
-    for key in req.parameters.keys() {
-        if !key.starts_with("csi.storage.k8s.io/") {
-            return Err(Status::invalid_argument(format!(
-                "unknown parameter {key:?} (snapshots take no parameters besides csi.storage.k8s.io/*)"
-            )));
-        }
-    }
+    only_co_parameters(&req.parameters, "snapshots")?;
     let source = VolumeId::parse(source_id)
         .map_err(|e| Status::not_found(format!("source_volume_id: {e}")))?;
     let image = snapshot::snapshot_image_name(name);
@@ -146,12 +156,7 @@ pub(super) async fn list(
     ctl: &ControllerService,
     req: csi::ListSnapshotsRequest,
 ) -> Result<csi::ListSnapshotsResponse, Status> {
-    let max = usize::try_from(req.max_entries).map_err(|_| {
-        Status::invalid_argument(format!(
-            "max_entries must not be negative, got {}",
-            req.max_entries
-        ))
-    })?;
+    let max = pages::max_entries(req.max_entries)?;
     if !req.starting_token.is_empty() && SnapshotId::parse(&req.starting_token).is_err() {
         return Err(Status::aborted(format!(
             "starting_token {:?} is not a token ListSnapshots returned",
@@ -206,19 +211,12 @@ pub(super) async fn list(
             }
         }
     }
-    entries.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
-    if !req.starting_token.is_empty() {
-        entries.retain(|e| e.snapshot_id > req.starting_token);
-    }
-    let next_token = if max > 0 && entries.len() > max {
-        entries.truncate(max);
-        entries
-            .last()
-            .map(|e| e.snapshot_id.clone())
-            .unwrap_or_default()
-    } else {
-        String::new()
-    };
+    let (entries, next_token) = pages::page(
+        entries,
+        |e| e.snapshot_id.as_str(),
+        &req.starting_token,
+        max,
+    );
     Ok(csi::ListSnapshotsResponse {
         entries: entries
             .into_iter()

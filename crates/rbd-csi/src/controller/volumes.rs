@@ -76,6 +76,22 @@ fn content_source(
     }
 }
 
+/// What nodes need to stage the volume.
+fn volume_context(params: &super::CreateParams, image: &str) -> HashMap<String, String> {
+    let mut volume_context = HashMap::from([
+        (context::MONITORS.to_owned(), params.monitors.clone()),
+        (context::POOL.to_owned(), params.pool.clone()),
+        (context::IMAGE.to_owned(), image.to_owned()),
+    ]);
+    if let Some(u) = &params.node_user {
+        volume_context.insert(context::USER.to_owned(), u.clone());
+    }
+    if let Some(m) = params.mounter {
+        volume_context.insert(context::MOUNTER.to_owned(), m.as_str().to_owned());
+    }
+    volume_context
+}
+
 pub(super) async fn create(
     ctl: &ControllerService,
     req: csi::CreateVolumeRequest,
@@ -83,6 +99,8 @@ pub(super) async fn create(
     let name = require(&req.name, "name")?;
     check_capabilities(&req.volume_capabilities)?;
     let content = content_source(req.volume_content_source.as_ref())?;
+    // refused before anything is created; applied once the image exists
+    let qos = super::modify::parse(&req.mutable_parameters)?;
     let params = create_params(&req.parameters, ctl.default_monitors.as_deref())?;
     let (user, key) = credentials(&req.secrets)?;
     let (required, limit) = req
@@ -157,24 +175,14 @@ pub(super) async fn create(
                 .map_err(snapshot_status)?
         }
     };
+    super::modify::apply(&cluster, &params.pool, &image, &qos).await?;
     let capacity = ensured.size;
 
-    let mut volume_context = HashMap::from([
-        (context::MONITORS.to_owned(), params.monitors.clone()),
-        (context::POOL.to_owned(), params.pool.clone()),
-        (context::IMAGE.to_owned(), image.clone()),
-    ]);
-    if let Some(u) = &params.node_user {
-        volume_context.insert(context::USER.to_owned(), u.clone());
-    }
-    if let Some(m) = params.mounter {
-        volume_context.insert(context::MOUNTER.to_owned(), m.as_str().to_owned());
-    }
     Ok(csi::CreateVolumeResponse {
         volume: Some(csi::Volume {
             capacity_bytes: to_i64(capacity),
             volume_id,
-            volume_context,
+            volume_context: volume_context(&params, &image),
             content_source: req.volume_content_source,
             accessible_topology: Vec::new(),
         }),
@@ -267,7 +275,9 @@ pub(super) async fn validate(
             .await
             .map_err(ceph_status)?;
     }
-    if let Err(status) = check_capabilities(&req.volume_capabilities) {
+    let checked = check_capabilities(&req.volume_capabilities)
+        .and_then(|()| super::modify::parse(&req.mutable_parameters).map(drop));
+    if let Err(status) = checked {
         return Ok(csi::ValidateVolumeCapabilitiesResponse {
             confirmed: None,
             message: status.message().to_owned(),
