@@ -32,6 +32,7 @@ mod stats;
 mod status;
 mod store;
 mod util;
+mod vac;
 mod validation;
 
 pub use crd::SNAPSHOT_CRDS;

@@ -264,6 +264,17 @@ pub(crate) static RESOURCES: &[ResourceInfo] = &[
         true,
         "tJx/ezt6UDU="
     ),
+    // GA in 1.34; the hash is of its storage version storage.k8s.io/v1 (see crate::vac)
+    res!(
+        "storage.k8s.io",
+        "volumeattributesclasses",
+        "volumeattributesclass",
+        "VolumeAttributesClass",
+        false,
+        &["vac"],
+        false,
+        "tIjydgKBC5w="
+    ),
 ];
 
 /// The API groups (other than core) in `/apis` order.

@@ -178,6 +178,7 @@ fn spec_causes(res: &ResourceInfo, obj: &Value, causes: &mut Vec<Cause>) {
                 ));
             }
         }
+        ("storage.k8s.io", "VolumeAttributesClass") => crate::vac::class_causes(None, obj, causes),
         ("storage.k8s.io", "StorageClass") => {
             if str_at(obj, "/provisioner").is_none_or(str::is_empty) {
                 causes.push(Cause::required("provisioner", ""));
@@ -200,6 +201,7 @@ fn status_causes(res: &ResourceInfo, obj: &Value, causes: &mut Vec<Cause>) {
     if res.kind != "PersistentVolumeClaim" || !res.group.is_empty() {
         return;
     }
+    crate::vac::claim_status_causes(obj, causes);
     if let Some(m) = obj
         .pointer("/status/allocatedResourceStatuses")
         .and_then(Value::as_object)
@@ -370,6 +372,11 @@ pub(crate) fn validate_update(
             crate::crd::validate_crd(new, Some(old))
         }
         ("", "PersistentVolumeClaim") => pvc_update(res, old, new, view),
+        ("storage.k8s.io", "VolumeAttributesClass") => {
+            let mut causes = Vec::new();
+            crate::vac::class_causes(Some(old), new, &mut causes);
+            fail(res, new, causes)
+        }
         ("storage.k8s.io", "StorageClass") => {
             let mut causes = Vec::new();
             for f in [
