@@ -264,6 +264,7 @@ impl RbdBackend {
             Err(SnapshotError::Volume(e)) => return Err(provision_error(e)),
             Err(e) => return Err(ProvisionError::final_error(e)),
         }
+        crashpoint::hit("after-volume-clone");
         crate::sources::release(&self.client, claim, source).await;
         Ok(())
     }

@@ -12,6 +12,16 @@
 //! - `after-image-remove`: the image is gone, the PV (and its finalizer) still exist;
 //! - `after-image-resize`: the image is larger, the PV capacity is not updated yet.
 //!
+//! the snapshot steps of the built-in VolumeSnapshotContent controller (`snapshotter.rs`) and of
+//! restores and clones (`backend.rs`):
+//! - `before-snapshot-create`: the content is annotated being-created, no Ceph snapshot yet;
+//! - `after-snapshot-create`: the Ceph snapshot exists, the content's status is not written;
+//! - `before-snapshot-delete`: the content is being deleted, its snapshot still exists;
+//! - `after-snapshot-delete`: the Ceph snapshot is gone, the content still has its status and
+//!   finalizer;
+//! - `after-volume-clone`: a restored or cloned image exists, the source's protection
+//!   finalizer is still on and no PV is saved;
+//!
 //! and the provisioning library's steps (`provisioner::Config::step_hook`): `before-pv-save`,
 //! `after-pv-save`, `before-pv-delete`, `after-pv-delete`, `before-pv-resize`, `after-pv-resize`.
 //!

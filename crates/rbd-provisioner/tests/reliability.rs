@@ -6,6 +6,8 @@
 //! `cargo test -p rbd-provisioner --test reliability` (the ignored tests reproduce open bugs:
 //! `-- --ignored`; see RELIABILITY.md).
 
+#[path = "support/snapshots.rs"]
+mod snap;
 mod support;
 
 use std::time::{Duration, Instant};
@@ -569,4 +571,154 @@ async fn dead_lock_owners(n: usize) {
     );
     let all: Vec<String> = names.iter().chain(&ordinary).cloned().collect();
     h.assert_converged(&prefix, &all, 8 * MIB).await;
+}
+
+/// The snapshot side: the binary aborted at each snapshot crash point (creating a snapshot,
+/// restoring from it, deleting it), then restarted. After recovery every snapshot is ready with
+/// the handle of its deterministic snapshot image, the restore is Bound, deleted snapshots and
+/// contents are gone, and once everything is deleted no snapshot image, clone, image or trash
+/// entry of ours is left in Ceph.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_snapshot_crash_point_followed_by_a_restart_converges() {
+    use rbd_volume::snapshot::snapshot_image_name;
+    let h = snap::harness().await;
+    let prefix = unique_prefix("sc");
+    let args = |extra: &'static [&'static str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "--leader-elect=false",
+            "--pv-source=csi",
+            "--image-name-prefix",
+            prefix.as_str(),
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect();
+        v.extend(extra.iter().map(|s| (*s).to_string()));
+        v
+    };
+    let crashing = |step: &str| {
+        let a = args(&["--workers", "1"]);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        h.spawn(&a, &[("RBD_PROVISIONER_CRASH_AT", step)])
+    };
+    let clean = || {
+        let a = args(&["--retry-interval-start=200ms", "--retry-interval-max=2s"]);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        h.spawn(&a, &[])
+    };
+    let contents = snap::contents(&h);
+    let snapshots = snap::snapshots(&h);
+    {
+        let _p = clean();
+        h.create_claim("src", "csi", "16Mi", false).await;
+        h.wait_bound("src").await;
+    }
+
+    // create side
+    let mut snap_images = Vec::new();
+    for step in ["before-snapshot-create", "after-snapshot-create"] {
+        let name = format!("snap-{step}");
+        let mut p = crashing(step);
+        snap::create_snapshot(&h, &name, "src").await;
+        wait_crash(&mut p, step).await;
+        let vs = snapshots.get(&name).await.unwrap();
+        let uid = vs.metadata.uid.clone().unwrap();
+        let image = snapshot_image_name(&format!("snapshot-{uid}"));
+        let content = contents.get(&format!("snapcontent-{uid}")).await.unwrap();
+        assert!(
+            content
+                .metadata
+                .annotations
+                .clone()
+                .unwrap_or_default()
+                .contains_key("snapshot.storage.kubernetes.io/volumesnapshot-being-created"),
+            "{step}: no being-created annotation at the crash"
+        );
+        assert!(
+            content.data.pointer("/status/snapshotHandle").is_none(),
+            "{step}"
+        );
+        assert_eq!(
+            h.images().contains(&image),
+            step == "after-snapshot-create",
+            "{step}: snapshot image at the crash"
+        );
+        let _p = clean();
+        let vs = snap::wait_ready(&h, &name).await;
+        let content = contents.get(&format!("snapcontent-{uid}")).await.unwrap();
+        let handle = content.data["status"]["snapshotHandle"].as_str().unwrap();
+        assert!(handle.ends_with(&image), "{step}: {handle}");
+        assert!(
+            !content
+                .metadata
+                .annotations
+                .clone()
+                .unwrap_or_default()
+                .contains_key("snapshot.storage.kubernetes.io/volumesnapshot-being-created"),
+            "{step}: annotation left"
+        );
+        assert_eq!(vs.data["status"]["restoreSize"], serde_json::json!("16Mi"));
+        snap_images.push((name, image));
+        eprintln!("RELIABILITY crash {step} -> snapshot ready after restart");
+    }
+
+    // restore side
+    {
+        let mut p = crashing("after-volume-clone");
+        snap::create_claim_from(&h, "restored", "16Mi", "VolumeSnapshot", &snap_images[0].0).await;
+        wait_crash(&mut p, "after-volume-clone").await;
+        assert!(
+            h.volumes()
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .len()
+                == 1
+        );
+        let _p = clean();
+        h.wait_bound("restored").await;
+        snap::delete_claim(&h, "restored").await;
+        eprintln!("RELIABILITY crash after-volume-clone -> restore Bound after restart");
+    }
+
+    // delete side
+    for (step, (name, image)) in ["before-snapshot-delete", "after-snapshot-delete"]
+        .into_iter()
+        .zip(snap_images.clone())
+    {
+        let uid = snapshots.get(&name).await.unwrap().metadata.uid.unwrap();
+        let mut p = crashing(step);
+        snapshots.delete(&name, &Default::default()).await.unwrap();
+        wait_crash(&mut p, step).await;
+        assert_eq!(
+            h.images().contains(&image),
+            step == "before-snapshot-delete",
+            "{step}: snapshot image at the crash"
+        );
+        assert!(
+            contents
+                .get_opt(&format!("snapcontent-{uid}"))
+                .await
+                .unwrap()
+                .is_some()
+        );
+        let _p = clean();
+        snap::wait_gone(&h, &snapshots, &name).await;
+        snap::wait_gone(&h, &contents, &format!("snapcontent-{uid}")).await;
+        assert!(!h.images().contains(&image), "{step}: snapshot image left");
+        eprintln!("RELIABILITY crash {step} -> snapshot and content gone after restart");
+    }
+
+    let _p = clean();
+    snap::delete_claim(&h, "src").await;
+    h.assert_all_gone(&prefix).await;
+    let images = h.images();
+    let trash = snap::trash(&h);
+    for (_, image) in &snap_images {
+        assert!(
+            !images.contains(image) && !trash.contains(image),
+            "{image} left"
+        );
+    }
 }
