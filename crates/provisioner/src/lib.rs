@@ -2,7 +2,8 @@
 //! `sig-storage-lib-external-provisioner`. It knows nothing about any storage system.
 //!
 //! A backend implements [`Provisioner`] (and optionally [`Expander`]) from [`volume`], the one
-//! file a backend author needs to read. [`Controller`] does the Kubernetes side: reflectors for
+//! file a backend author needs to read (and optionally [`Modifier`], VolumeAttributesClass
+//! modification, from [`modify`]). [`Controller`] does the Kubernetes side: reflectors for
 //! claims, volumes and classes, a de-duplicating work queue with per-key backoff, the
 //! provision / delete / expand flows, [`events`], [`metrics`] and [`leader`] election.
 //!
@@ -20,6 +21,7 @@ pub mod data_source;
 pub mod events;
 pub mod leader;
 pub mod metrics;
+pub mod modify;
 pub mod ownership;
 pub mod pv;
 pub mod quantity;
@@ -31,6 +33,7 @@ pub use config::Config;
 pub use controller::{Companion, Controller, ControllerError};
 pub use leader::{LeaderElectionConfig, LeaderElector, Leadership};
 pub use metrics::Metrics;
+pub use modify::{Modifier, ModifyError};
 pub use volume::{
     DeleteError, ExpandError, ExpandOutcome, Expander, ProvisionError, ProvisionOptions,
     Provisioned, Provisioner, SecretRef,

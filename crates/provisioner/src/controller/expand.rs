@@ -189,7 +189,7 @@ fn report_success(shared: &Shared, claim: &PersistentVolumeClaim, outcome: Expan
     shared.event(claim, EventType::Normal, reason, message);
 }
 
-async fn fresh(
+pub(super) async fn fresh(
     shared: &Shared,
     cached: &PersistentVolumeClaim,
     volume_name: &str,
@@ -261,7 +261,10 @@ fn allocated(claim: &PersistentVolumeClaim) -> serde_json::Value {
 
 /// The claim's conditions without ours (`drop`), as JSON: merge patches replace lists, so
 /// every condition that is not ours to manage is sent back as it is.
-fn foreign_conditions(claim: &PersistentVolumeClaim, drop: &[&str]) -> Vec<serde_json::Value> {
+pub(super) fn foreign_conditions(
+    claim: &PersistentVolumeClaim,
+    drop: &[&str],
+) -> Vec<serde_json::Value> {
     claim
         .status
         .as_ref()
@@ -277,7 +280,7 @@ fn foreign_conditions(claim: &PersistentVolumeClaim, drop: &[&str]) -> Vec<serde
 /// resourceVersion as preconditions; on 409 Conflict (someone wrote the claim since it was
 /// read) recomputes it from a fresh read and tries again, up to [`STATUS_WRITE_ATTEMPTS`]
 /// times. Returns the claim as written.
-async fn write_claim_status(
+pub(super) async fn write_claim_status(
     shared: &Shared,
     claim: &PersistentVolumeClaim,
     status: impl Fn(&PersistentVolumeClaim) -> serde_json::Value,

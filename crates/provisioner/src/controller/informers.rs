@@ -112,6 +112,9 @@ fn claim_changed(shared: &Shared, claim: &PersistentVolumeClaim) {
         .as_ref()
         .and_then(|spec| spec.volume_name.as_deref())
         .is_some_and(|name| !name.is_empty());
+    if bound && shared.modifier.is_some() && crate::modify::names_a_class(claim) {
+        shared.queue.add(Work::Modify(uid.clone()));
+    }
     if !bound && ownership::claims_our_provisioner(claim, &shared.names) {
         shared.queue.add(Work::Claim(uid));
     } else if bound && shared.expander.is_some() {

@@ -4,6 +4,7 @@
 //! - [`provision`]: claim -> backend volume -> saved PV.
 //! - [`delete`]: released PV -> backend delete -> PV delete -> finalizer removed.
 //! - [`expand`]: larger request -> backend expand -> PV capacity -> claim status.
+//! - [`modify`]: VolumeAttributesClass named -> backend modify -> PV class -> claim status.
 //!
 //! Work is keyed by claim UID (provisioning, expansion) and PV name (deletion); each key is
 //! handled by one worker at a time and retried with per-key exponential backoff.
@@ -11,6 +12,7 @@
 mod delete;
 mod expand;
 mod informers;
+mod modify;
 mod provision;
 
 use std::collections::HashMap;
@@ -27,6 +29,7 @@ use crate::config::Config;
 use crate::events::{EventRecorder, EventType};
 use crate::leader::{LeaderElector, LeaderError};
 use crate::metrics::Metrics;
+use crate::modify::Modifier;
 use crate::queue::WorkQueue;
 use crate::volume::{Expander, ProvisionOptions, Provisioner};
 
@@ -53,6 +56,8 @@ pub(crate) enum Work {
     Volume(String),
     /// Expand the volume of the claim with this UID.
     Resize(String),
+    /// Modify the volume of the claim with this UID to its VolumeAttributesClass.
+    Modify(String),
 }
 
 /// The work failed and should be retried with backoff.
@@ -66,6 +71,7 @@ pub(crate) struct Shared {
     names: Vec<String>,
     provisioner: Arc<dyn Provisioner>,
     expander: Option<Arc<dyn Expander>>,
+    modifier: Option<Arc<dyn Modifier>>,
     metrics: Metrics,
     recorder: EventRecorder,
     claims: Store<PersistentVolumeClaim>,
@@ -120,6 +126,7 @@ pub struct Controller {
     config: Config,
     provisioner: Arc<dyn Provisioner>,
     expander: Option<Arc<dyn Expander>>,
+    modifier: Option<Arc<dyn Modifier>>,
     metrics: Metrics,
     companions: Vec<Companion>,
 }
@@ -136,6 +143,7 @@ impl Controller {
             config,
             provisioner,
             expander: None,
+            modifier: None,
             metrics: Metrics::unregistered(),
             companions: Vec::new(),
         }
@@ -155,6 +163,14 @@ impl Controller {
     #[must_use]
     pub fn with_expander(mut self, expander: Arc<dyn Expander>) -> Self {
         self.expander = Some(expander);
+        self
+    }
+
+    /// Also modify volumes by VolumeAttributesClass with `modifier` (without one, claims'
+    /// `volumeAttributesClassName` is left alone).
+    #[must_use]
+    pub fn with_modifier(mut self, modifier: Arc<dyn Modifier>) -> Self {
+        self.modifier = Some(modifier);
         self
     }
 
@@ -193,6 +209,7 @@ impl Controller {
             config: self.config,
             provisioner: self.provisioner,
             expander: self.expander,
+            modifier: self.modifier,
             metrics: self.metrics,
             recorder,
             claims,
@@ -318,6 +335,7 @@ async fn worker(shared: Arc<Shared>) {
             Work::Claim(uid) => Box::pin(provision::sync_claim(&shared, uid)).await,
             Work::Volume(name) => delete::sync_volume(&shared, name).await,
             Work::Resize(uid) => expand::sync_resize(&shared, uid).await,
+            Work::Modify(uid) => modify::sync_modify(&shared, uid).await,
         };
         if let Err(Retry) = result {
             let failures = shared.queue.add_rate_limited(work.clone());
