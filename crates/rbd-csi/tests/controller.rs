@@ -345,8 +345,18 @@ async fn validate_capabilities_capacity_and_controller_capabilities() {
         rpc::Type::CreateDeleteVolume,
         rpc::Type::ExpandVolume,
         rpc::Type::GetCapacity,
+        rpc::Type::ListVolumes,
+        rpc::Type::VolumeCondition,
+        rpc::Type::ModifyVolume,
     ] {
         assert!(caps.contains(&(want as i32)), "missing {want:?}");
+    }
+    // no attach step, so no publish and no published nodes to list
+    for unwanted in [
+        rpc::Type::PublishUnpublishVolume,
+        rpc::Type::ListVolumesPublishedNodes,
+    ] {
+        assert!(!caps.contains(&(unwanted as i32)), "offers {unwanted:?}");
     }
     ctl.delete_volume(csi::DeleteVolumeRequest {
         volume_id: vol.volume_id,

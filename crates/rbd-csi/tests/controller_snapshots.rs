@@ -6,52 +6,13 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::controller::{MIB, create_request, image_size, secrets, server};
+use common::data::{read, write};
 use common::strings;
 use rbd_csi::proto::csi;
 use rbd_csi::proto::csi::controller_client::ControllerClient;
 use tonic::Code;
 use tonic::transport::Channel;
-
-const IO: &str = "import sys, rados, rbd
-c = rados.Rados(conffile=sys.argv[1]); c.connect()
-io = c.open_ioctx(sys.argv[2])
-with rbd.Image(io, sys.argv[3]) as img:
-    if sys.argv[4] == 'w':
-        img.write(sys.argv[6].encode(), int(sys.argv[5]))
-    else:
-        sys.stdout.write(img.read(int(sys.argv[5]), int(sys.argv[6])).decode('latin1'))
-";
-
-fn python_io(image: &str, op: &str, offset: u64, arg: &str) -> String {
-    let ceph = micro_ceph::cluster();
-    let out = Command::new("/usr/bin/python3")
-        .args(["-c", IO])
-        .arg(&ceph.conf_path)
-        .arg(&ceph.pool)
-        .arg(image)
-        .arg(op)
-        .arg(offset.to_string())
-        .arg(arg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "python-rbd {op} {image}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn write(image: &str, offset: u64, text: &str) {
-    python_io(image, "w", offset, text);
-}
-
-fn read(image: &str, offset: u64, len: usize) -> String {
-    python_io(image, "r", offset, &len.to_string())
-}
 
 async fn volume(ctl: &mut ControllerClient<Channel>, name: &str, size: i64) -> csi::Volume {
     ctl.create_volume(create_request(name, size))

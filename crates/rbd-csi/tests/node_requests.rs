@@ -47,6 +47,8 @@ async fn identity_reports_name_version_capabilities_and_ready() {
     assert!(caps.iter().any(|c| matches!(&c.r#type,
         Some(Type::Service(s)) if s.r#type == service::Type::ControllerService as i32)));
     assert!(caps.iter().any(|c| matches!(&c.r#type,
+        Some(Type::Service(s)) if s.r#type == service::Type::GroupControllerService as i32)));
+    assert!(caps.iter().any(|c| matches!(&c.r#type,
         Some(Type::VolumeExpansion(e)) if e.r#type == volume_expansion::Type::Online as i32)));
 
     let probe = identity

@@ -52,6 +52,16 @@ const NOT_A_CLONE: [(&str, &str); 2] = [
     (snapshot::META_CLONE_INTERMEDIATE, ""),
 ];
 
+/// Features of member snapshot images: those of other snapshot images but the object map (and
+/// fast-diff, which needs it). librbd 16's deep copy from a snapshot of the group namespace
+/// (which it does not copy along) rolls the destination's object map back to "no snapshot" and
+/// aborts the process (`ceph_assert(snap_id != CEPH_NOSNAP)` in
+/// `object_map::SnapshotRollbackRequest`); without an object map it has none to roll back.
+fn member_features() -> ceph_rbd::Features {
+    let without = ceph_rbd::Features::OBJECT_MAP | ceph_rbd::Features::FAST_DIFF;
+    ceph_rbd::Features::from_bits(internal_features().bits() & !without.bits())
+}
+
 /// The RBD group (and group snapshot) name for a group snapshot request name.
 #[must_use]
 pub fn group_name(request_name: &str) -> String {
@@ -332,8 +342,15 @@ pub async fn create_group_snapshot(
         .filter(|m| !complete.contains(&m.source_id))
         .collect();
     if !todo.is_empty() {
-        let members: Vec<Member<'_>> = new.members.to_vec();
-        snapshot_group(cluster, pool, group, &members, !complete.is_empty()).await?;
+        let resuming = !complete.is_empty();
+        if let Err(e) = snapshot_group(cluster, pool, group, new.members, resuming).await {
+            // Nothing was copied from this group snapshot yet: leave no group behind (it would
+            // hold the sources, and an image can be in one group only).
+            if !resuming {
+                let _ = remove_group(cluster, pool, group).await;
+            }
+            return Err(e);
+        }
         for member in todo {
             copy_member(cluster, new, member).await?;
         }
@@ -385,11 +402,7 @@ async fn snapshot_group(
             group: group.to_owned(),
         });
     }
-    match cluster.group_create(pool, group).await {
-        Ok(()) => {}
-        Err(e) if e.is_already_exists() => {}
-        Err(e) => return Err(e.into()),
-    }
+    let mut joined = Vec::with_capacity(members.len());
     for member in members {
         let in_group = match cluster.image_group(pool, member.image).await {
             Ok(g) => g,
@@ -399,19 +412,27 @@ async fn snapshot_group(
             Err(e) => return Err(e.into()),
         };
         match in_group {
-            Some((_, other)) if other == group => {}
-            Some((_, other)) => {
+            Some((_, other)) if other != group => {
                 return Err(GroupError::InOtherGroup {
                     pool: pool.to_owned(),
                     image: member.image.to_owned(),
                     other,
                 });
             }
-            None => {
-                cluster
-                    .group_image(pool, group, pool, member.image, true)
-                    .await?;
-            }
+            Some(_) => joined.push(true),
+            None => joined.push(false),
+        }
+    }
+    match cluster.group_create(pool, group).await {
+        Ok(()) => {}
+        Err(e) if e.is_already_exists() => {}
+        Err(e) => return Err(e.into()),
+    }
+    for (member, joined) in members.iter().zip(joined) {
+        if !joined {
+            cluster
+                .group_image(pool, group, pool, member.image, true)
+                .await?;
         }
     }
     cluster.group_snap(pool, group, group, true).await?;
@@ -451,7 +472,7 @@ async fn copy_member(
                 }
             }
             let options = CreateOptions {
-                features: Some(internal_features()),
+                features: Some(member_features()),
                 ..CreateOptions::default()
             };
             match cluster

@@ -2,10 +2,10 @@
 //!
 //! A volume is an image whose owner record names the given provisioner (driver); snapshot
 //! images and clone intermediates ([`crate::snapshot::is_internal_image`]) never are, whatever
-//! they inherited. An image that exists but cannot be read (its header or metadata unreadable)
-//! is listed as **abnormal** with the error: it may be one of ours, and a health monitor asking
-//! about it should learn that it is broken rather than that it is gone. An image removed while
-//! the listing runs is left out.
+//! they inherited. An image that the pool lists but that cannot be read (its header missing or
+//! unreadable) is listed as **abnormal** with the error: its record cannot be read, so it may be
+//! one of ours, and a health monitor asking about it should learn that it is broken rather than
+//! that it is gone. An image removed while the listing runs is left out.
 
 use std::collections::BTreeMap;
 
@@ -40,6 +40,16 @@ fn is_volume_of(meta: &BTreeMap<String, String>, provisioner: &str) -> bool {
     Owner::from_metadata(meta).is_some_and(|o| o.provisioner == provisioner && !o.pv.is_empty())
 }
 
+/// Whether the pool still lists `image` (an image that does not open but is listed has lost its
+/// header: broken, not deleted).
+async fn still_listed(cluster: &Cluster, pool: &str, image: &str) -> Result<bool, Error> {
+    match cluster.list_images(pool).await {
+        Ok(images) => Ok(images.iter().any(|i| i == image)),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The volumes of `provisioner` in `pool`, ordered by image name. A missing pool has none.
 ///
 /// # Errors
@@ -66,7 +76,13 @@ pub async fn list_volumes(
         };
         let meta = match cluster.metadata_list(pool, &image).await {
             Ok(meta) => meta,
-            Err(e) if e.is_not_found() => continue,
+            // removed meanwhile, or still in the pool's directory without its header
+            Err(e) if e.is_not_found() => {
+                if still_listed(cluster, pool, &image).await? {
+                    volumes.push(abnormal(e));
+                }
+                continue;
+            }
             Err(e) => {
                 volumes.push(abnormal(e));
                 continue;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub mod controller;
+pub mod data;
 pub mod volume;
 
 use hyper_util::rt::TokioIo;
