@@ -27,7 +27,7 @@
 //! **Caveats**: the copy reads and writes every allocated byte of every source (time and space
 //! grow with the data, unlike a single snapshot's copy-on-write clone); all sources must live in
 //! one pool; finding a group's members reads the metadata of every snapshot image in the pool;
-//! members have no object map ([`member_features`]); while a create is between its group
+//! members have no object map (`member_features`: a librbd 16 bug); while a create is between its group
 //! snapshot and its last copy the sources are in the group (a source can be in one group only:
 //! another group snapshot of it is refused until this one completes or is deleted). A create that
 //! fails before its group snapshot removes the group again.
