@@ -16,9 +16,10 @@
 //! not the image of. Calls for one volume (or one request name) are serialised: a concurrent
 //! second call gets ABORTED.
 //!
-//! **Listing** (`ListVolumes` with volume conditions, [`listing`]), **limits** (`ControllerModifyVolume`
-//! and `CreateVolume`'s `mutable_parameters`, [`modify`]) and **volume group snapshots** (the
-//! `GroupController` service, [`groups`]) are thin translations onto the volume core too.
+//! **Listing** (`ListVolumes` with volume conditions, `listing.rs`), **limits**
+//! (`ControllerModifyVolume` and `CreateVolume`'s `mutable_parameters`, `modify.rs`) and
+//! **volume group snapshots** (the `GroupController` service, `groups.rs`) are thin translations
+//! onto the volume core too.
 //!
 //! **Snapshots and clones** (`CreateSnapshot`, `DeleteSnapshot`, `ListSnapshots`, `CreateVolume`
 //! from a snapshot or a volume) are the volume core's [`rbd_volume::snapshot`]: clone-v2 snapshot
