@@ -19,7 +19,7 @@ use rbd_volume::group::{
 use rbd_volume::snapshot::{self as volume_snapshot, SnapshotId};
 use tonic::{Request, Response, Status};
 
-use super::snapshots::{entry, only_co_parameters, snapshot_credentials};
+use super::snapshots::{call_or_probe_credentials, entry, only_co_parameters};
 use super::{ControllerService, volume_status};
 use crate::proto::csi::{
     self, group_controller_server::GroupController, group_controller_service_capability,
@@ -115,7 +115,7 @@ async fn create(
             .encode()
             .map_err(Status::invalid_argument)?;
     }
-    let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
+    let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(&group_snapshot_id)?;
     let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
     ctl.remember_pool(&id.pool);
@@ -154,7 +154,7 @@ async fn get(
     let group_snapshot_id = require(&req.group_snapshot_id, "group_snapshot_id")?;
     let id = GroupSnapshotId::parse(group_snapshot_id)
         .map_err(|e| Status::not_found(format!("group_snapshot_id: {e}")))?;
-    let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
+    let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
     let found = group::find_group_snapshot(&cluster, &id.pool, &id.group)
         .await
@@ -187,7 +187,7 @@ async fn delete(
         );
         return Ok(());
     };
-    let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
+    let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(group_snapshot_id)?;
     let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
     if !req.snapshot_ids.is_empty() {

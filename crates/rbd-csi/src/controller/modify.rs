@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use rbd_volume::qos::{self, Qos, QosError};
 use tonic::Status;
 
-use super::snapshots::snapshot_credentials;
+use super::snapshots::call_or_probe_credentials;
 use super::{ControllerService, ceph_status};
 use crate::proto::csi;
 use crate::status::require;
@@ -60,7 +60,7 @@ pub(super) async fn modify(
     let qos = parse(&req.mutable_parameters)?;
     let id =
         VolumeId::parse(volume_id).map_err(|e| Status::not_found(format!("volume_id: {e}")))?;
-    let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
+    let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(volume_id)?;
     let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
     // NOT_FOUND for a missing image, even when there is nothing to change

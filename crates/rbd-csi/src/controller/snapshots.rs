@@ -42,8 +42,9 @@ pub(super) fn snapshot_status(e: SnapshotError) -> Status {
 }
 
 /// User and key from the call's secrets; without any, the controller's own (`probe`)
-/// credentials, as external-snapshotter calls without secrets unless the class names some.
-pub(super) fn snapshot_credentials(
+/// credentials, as external-snapshotter (and external-resizer for modify) call without secrets
+/// unless the class names some.
+pub(super) fn call_or_probe_credentials(
     ctl: &ControllerService,
     secrets: &HashMap<String, String>,
 ) -> Result<(String, String), Status> {
@@ -103,7 +104,7 @@ pub(super) async fn create(
     let snapshot_id = SnapshotId::new(&source.monitors, &source.pool, &image)
         .encode()
         .map_err(|e| Status::invalid_argument(format!("source_volume_id: {e}")))?;
-    let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
+    let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     // the same key as DeleteSnapshot's: a create and a delete of one snapshot never overlap
     let _guard = ctl.locks.lock_or_abort(&snapshot_id)?;
     let cluster = ctl.cluster(&source.monitors, &user, &key).await?;
@@ -142,7 +143,7 @@ pub(super) async fn delete(
         );
         return Ok(());
     };
-    let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
+    let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(snapshot_id)?;
     let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
     let deleted = snapshot::delete_snapshot(&cluster, &id.pool, &id.image)
@@ -163,7 +164,7 @@ pub(super) async fn list(
             req.starting_token
         )));
     }
-    let (user, key) = snapshot_credentials(ctl, &req.secrets)?;
+    let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let mut entries: Vec<csi::Snapshot> = Vec::new();
     if !req.snapshot_id.is_empty() {
         let Ok(id) = SnapshotId::parse(&req.snapshot_id) else {
