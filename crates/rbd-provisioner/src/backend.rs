@@ -477,3 +477,54 @@ impl Expander for RbdBackend {
         })
     }
 }
+
+/// VolumeAttributesClass modification: the class's `parameters` are librbd QoS limits
+/// ([`rbd_volume::qos`]), set on the PV's image. The class must name our CSI driver (or the
+/// provisioner name), the PV must be a CSI PV of our driver: an in-tree `rbd` PV is mapped by
+/// krbd, which does not enforce librbd limits, so its modification is infeasible.
+#[async_trait]
+impl provisioner::Modifier for RbdBackend {
+    async fn modify(
+        &self,
+        volume: &PersistentVolume,
+        class: &k8s_openapi::api::storage::v1::VolumeAttributesClass,
+    ) -> Result<(), provisioner::ModifyError> {
+        use provisioner::ModifyError;
+        let class_name = class.metadata.name.as_deref().unwrap_or_default();
+        if !self
+            .snapshot_drivers()
+            .contains(&class.driver_name.as_str())
+        {
+            return Err(ModifyError::infeasible(format!(
+                "VolumeAttributesClass {class_name} is for driver {:?}, not {:?}",
+                class.driver_name, self.config.csi_driver
+            )));
+        }
+        let spec = volume.spec.as_ref();
+        if spec.is_some_and(|s| s.rbd.is_some()) {
+            return Err(ModifyError::infeasible(
+                "the PV has an in-tree rbd source, mapped by krbd, which does not enforce librbd QoS limits; VolumeAttributesClass applies to CSI PVs of our driver (see `rbd-provisioner migrate`)",
+            ));
+        }
+        if image_location(volume, &self.config.csi_driver).is_none() {
+            return Err(ModifyError::infeasible(format!(
+                "the PV is not a CSI PV of driver {:?}",
+                self.config.csi_driver
+            )));
+        }
+        let qos = rbd_volume::qos::parse(class.parameters.iter().flatten()).map_err(|e| {
+            ModifyError::infeasible(format!("VolumeAttributesClass {class_name}: {e}"))
+        })?;
+        let (location, admin_id, key) =
+            self.access_for(volume).await.map_err(ModifyError::failed)?;
+        let cluster = self
+            .cluster(&location.monitors, &admin_id, key)
+            .await
+            .map_err(ModifyError::failed)?;
+        match rbd_volume::qos::apply(&cluster, &location.pool, &location.image, &qos).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_invalid() => Err(ModifyError::infeasible(e)),
+            Err(e) => Err(ModifyError::failed(e)),
+        }
+    }
+}

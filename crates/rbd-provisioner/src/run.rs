@@ -87,7 +87,8 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         },
     );
     let controller = Controller::new(client.clone(), config, backend.clone())
-        .with_expander(backend)
+        .with_expander(backend.clone())
+        .with_modifier(backend)
         .with_metrics(metrics)
         .with_companion(snapshotter);
     tracing::info!(provisioner = %args.provisioner_name, identity = %identity, "starting");

@@ -139,7 +139,7 @@ fn volume_changed(shared: &Shared, volume: &PersistentVolume) {
     if let Some(name) = volume.metadata.name.clone() {
         shared.queue.add(Work::Volume(name));
     }
-    if shared.expander.is_some()
+    if (shared.expander.is_some() || shared.modifier.is_some())
         && let Some(uid) = volume
             .spec
             .as_ref()
@@ -147,7 +147,13 @@ fn volume_changed(shared: &Shared, volume: &PersistentVolume) {
             .and_then(|claim_ref| claim_ref.uid.clone())
         && lock(&shared.claim_index).contains_key(&uid)
     {
-        shared.queue.add(Work::Resize(uid));
+        // a claim seen before its volume was cached is looked at again now
+        if shared.modifier.is_some() {
+            shared.queue.add(Work::Modify(uid.clone()));
+        }
+        if shared.expander.is_some() {
+            shared.queue.add(Work::Resize(uid));
+        }
     }
 }
 
