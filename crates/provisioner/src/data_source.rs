@@ -18,7 +18,7 @@ pub const SNAPSHOT_SOURCE_FINALIZER: &str =
 pub const CLONE_SOURCE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
 
 /// Where a claim's content comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum DataSource {
     /// The VolumeSnapshot of this name in the claim's namespace.
     Snapshot(String),

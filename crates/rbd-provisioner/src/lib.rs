@@ -18,6 +18,7 @@ pub mod kube_client;
 pub mod migrate;
 pub mod monitors;
 pub mod params;
+pub mod protection;
 pub mod pv_build;
 pub mod run;
 pub mod secrets;

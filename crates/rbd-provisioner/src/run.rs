@@ -78,6 +78,7 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         });
     }
 
+    let config_backoff = config.backoff;
     let snapshotter = crate::snapshotter::task(
         backend.clone(),
         crate::snapshotter::SnapshotterConfig {
@@ -90,7 +91,8 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         .with_expander(backend.clone())
         .with_modifier(backend)
         .with_metrics(metrics)
-        .with_companion(snapshotter);
+        .with_companion(snapshotter)
+        .with_companion(crate::protection::task(client.clone(), config_backoff));
     tracing::info!(provisioner = %args.provisioner_name, identity = %identity, "starting");
     let result = if args.leader_elect {
         let mut le = LeaderElectionConfig::new(

@@ -333,8 +333,11 @@ async fn remove_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Resul
 where
     K: Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let Some(object) = api.get_opt(name).await? else {
-        return Ok(());
+    let object = match api.get_opt(name).await {
+        Ok(Some(object)) => object,
+        Ok(None) => return Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(e),
     };
     let list = object.meta().finalizers.clone().unwrap_or_default();
     if !list.iter().any(|f| f == finalizer) {
@@ -396,33 +399,40 @@ async fn still_used(
 }
 
 /// Drops the protection finalizer from the source when no other Pending claim uses it (after
-/// a clone of `claim` succeeded). Failures are logged: the finalizer then stays until the next
-/// clone of the same source succeeds.
+/// a clone of `claim` succeeded). Failures are logged: the finalizer is then removed by the
+/// protection controller ([`crate::protection`]) when the claim binds.
 pub async fn release(client: &Client, claim: &PersistentVolumeClaim, source: &Resolved) {
     let ns = claim.namespace().unwrap_or_else(|| "default".into());
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    let (data, finalizer) = match source {
-        Resolved::Snapshot { vs, .. } => {
-            (DataSource::Snapshot(vs.clone()), SNAPSHOT_SOURCE_FINALIZER)
-        }
-        Resolved::Volume { claim, .. } => {
-            (DataSource::Claim(claim.clone()), CLONE_SOURCE_FINALIZER)
-        }
+    let data = match source {
+        Resolved::Snapshot { vs, .. } => DataSource::Snapshot(vs.clone()),
+        Resolved::Volume { claim, .. } => DataSource::Claim(claim.clone()),
     };
-    let result = match still_used(client, &ns, &data, &uid).await {
-        Ok(true) => return,
-        Ok(false) => match &data {
-            DataSource::Snapshot(vs) => {
-                remove_finalizer(&snapshots(client, &ns), vs, finalizer).await
-            }
-            DataSource::Claim(name) => {
-                let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
-                remove_finalizer(&api, name, finalizer).await
-            }
-        },
-        Err(e) => Err(e),
-    };
-    if let Err(e) = result {
-        tracing::warn!(namespace = %ns, source = data.name(), error = %e, "could not remove {finalizer}");
+    if let Err(e) = release_source(client, &ns, &data, claim.metadata.uid.as_deref()).await {
+        tracing::warn!(namespace = %ns, source = data.name(), error = %e, "could not remove a protection finalizer");
+    }
+}
+
+/// Drops the protection finalizer from `source` in `ns` when no Pending claim (other than the
+/// one with uid `except`) uses it.
+///
+/// # Errors
+/// API errors.
+pub async fn release_source(
+    client: &Client,
+    ns: &str,
+    source: &DataSource,
+    except: Option<&str>,
+) -> Result<(), kube::Error> {
+    if still_used(client, ns, source, except.unwrap_or_default()).await? {
+        return Ok(());
+    }
+    match source {
+        DataSource::Snapshot(vs) => {
+            remove_finalizer(&snapshots(client, ns), vs, SNAPSHOT_SOURCE_FINALIZER).await
+        }
+        DataSource::Claim(name) => {
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+            remove_finalizer(&api, name, CLONE_SOURCE_FINALIZER).await
+        }
     }
 }

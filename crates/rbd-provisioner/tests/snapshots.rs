@@ -275,3 +275,56 @@ async fn bad_data_sources_are_refused_with_the_field_named() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protection_finalizer_no_pending_claim_needs_comes_off() {
+    use kube::api::{Patch, PatchParams};
+    let (h, _p) = setup().await;
+    h.create_claim("held", "csi", "16Mi", false).await;
+    h.wait_bound("held").await;
+    create_snapshot(&h, "held-snap", "held").await;
+    wait_ready(&h, "held-snap").await;
+    // what a crash between taking the finalizer and the clone's end leaves, with the Pending
+    // claim deleted meanwhile
+    let patch = |f: &str| json!({"metadata": {"finalizers": [f]}});
+    h.claims()
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(&patch(
+                "provisioner.storage.kubernetes.io/cloning-protection",
+            )),
+        )
+        .await
+        .unwrap();
+    let vs_finalizer = "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
+    let current = snapshots(&h).get("held-snap").await.unwrap();
+    let mut list = current.metadata.finalizers.clone().unwrap_or_default();
+    list.push(vs_finalizer.to_owned());
+    snapshots(&h)
+        .patch(
+            "held-snap",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": list}})),
+        )
+        .await
+        .unwrap();
+    h.until("both protection finalizers removed", WAIT, || async {
+        let c = h.claims().get("held").await.ok()?;
+        let vs = snapshots(&h).get("held-snap").await.ok()?;
+        let claim_held = c
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f.starts_with("provisioner.storage.kubernetes.io/"));
+        let vs_held = vs
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f == vs_finalizer);
+        (!claim_held && !vs_held).then_some(())
+    })
+    .await;
+}

@@ -127,18 +127,26 @@ impl NodePlugin {
         .unwrap();
         assert!(mounted(&target), "{} not mounted", target.display());
         let result = f(&target);
-        node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+        // Retried while busy, as the kubelet retries: a process another test forks at that
+        // moment holds a copy of the test's last file descriptor on the mount until its exec.
+        let unpublish = NodeUnpublishVolumeRequest {
             volume_id: handle.clone(),
             target_path: target.display().to_string(),
+        };
+        retry_busy(|| {
+            let (mut node, r) = (node.clone(), unpublish.clone());
+            async move { node.node_unpublish_volume(r).await.map(drop) }
         })
-        .await
-        .unwrap();
-        node.node_unstage_volume(NodeUnstageVolumeRequest {
+        .await;
+        let unstage = NodeUnstageVolumeRequest {
             volume_id: handle,
             staging_target_path: staging.display().to_string(),
+        };
+        retry_busy(|| {
+            let (mut node, r) = (node.clone(), unstage.clone());
+            async move { node.node_unstage_volume(r).await.map(drop) }
         })
-        .await
-        .unwrap();
+        .await;
         assert!(!mounted(&target) && !mounted(&staging));
         result
     }
@@ -186,4 +194,22 @@ pub fn mounted(path: &Path) -> bool {
     mounts
         .lines()
         .any(|l| l.split_whitespace().nth(1) == Some(&*p))
+}
+
+/// Runs `call` until it succeeds; a "busy" failure is retried for up to 10 s, others panic.
+async fn retry_busy<F, Fut>(mut call: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match call().await {
+            Ok(()) => return,
+            Err(s) if s.message().contains("busy") && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(s) => panic!("{s:?}"),
+        }
+    }
 }
