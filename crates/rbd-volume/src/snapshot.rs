@@ -847,7 +847,12 @@ pub async fn delete_volume(
         .await
     {
         Ok(i) => i,
-        Err(e) if e.is_not_found() => None,
+        // The volume is gone already: a retry after its removal, whose intermediate removal
+        // failed (e.g. a watcher). The intermediate's name is derived from this volume's, so
+        // one of that name in the volume's pool (where it usually is) can only be its own.
+        Err(e) if e.is_not_found() => {
+            Some(format!("{pool}/{}", clone_intermediate_name(pool, image)))
+        }
         Err(e) => return Err(e.into()),
     };
     let deleted = match lifecycle::delete(cluster, pool, image, claimant, hooks).await {
