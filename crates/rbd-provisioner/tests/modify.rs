@@ -3,7 +3,8 @@
 //! the image (read back through librbd: `rbd config image get`), then the PV's
 //! `spec.volumeAttributesClassName` and the claim's `status.currentVolumeAttributesClassName`;
 //! a missing class is `Pending` until it exists; bad parameters are `Infeasible` (the key
-//! named, nothing written) until a valid class is named; an in-tree `rbd` PV is `Infeasible`.
+//! named, nothing written) until a valid class is named; an in-tree `rbd` PV is `Infeasible`;
+//! a claim created with a class gets it once bound.
 //!
 //! `cargo test -p rbd-provisioner --test modify`
 
@@ -225,5 +226,33 @@ async fn an_in_tree_rbd_volume_cannot_be_modified() {
             ])
             .is_err(),
         "a limit was set on an in-tree volume's image"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_created_with_a_class_gets_it_once_bound() {
+    let h = Harness::start().await;
+    let (_p, _, _) = bound_claim(&h, "csi", "first").await;
+    create_vac(&h, "silver", json!({"rbd_qos_write_bps_limit": "1Mi"})).await;
+    let claim = serde_json::from_value(json!({
+        "metadata": {"name": "born-silver", "namespace": "default"},
+        "spec": {
+            "storageClassName": "csi",
+            "accessModes": ["ReadWriteOnce"],
+            "volumeAttributesClassName": "silver",
+            "resources": {"requests": {"storage": "8Mi"}},
+        }
+    }))
+    .unwrap();
+    h.claims()
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let (_, pv) = h.wait_bound("born-silver").await;
+    wait_current(&h, "born-silver", "silver").await;
+    let image = Harness::image_name(&pv);
+    assert_eq!(
+        librbd_value(&h, &image, "rbd_qos_write_bps_limit"),
+        "1048576"
     );
 }
