@@ -38,7 +38,9 @@ pub struct Config {
     /// (crash-consistency tests abort the process in it). Steps: `before-pv-save`,
     /// `after-pv-save`, `before-pv-delete`, `after-pv-delete`, `before-pv-resize` (the backend
     /// grew the volume, the PV is not updated yet), `after-pv-resize` (PV updated, claim status
-    /// not yet). Default: none.
+    /// not yet), `before-modify` (the claim's modification marked `InProgress`, the backend not
+    /// called), `after-modify` (the backend applied the class, the PV and claim not updated yet).
+    /// Default: none.
     pub step_hook: Option<fn(&str)>,
 }
 

@@ -23,7 +23,9 @@
 //!   finalizer is still on and no PV is saved;
 //!
 //! and the provisioning library's steps (`provisioner::Config::step_hook`): `before-pv-save`,
-//! `after-pv-save`, `before-pv-delete`, `after-pv-delete`, `before-pv-resize`, `after-pv-resize`.
+//! `after-pv-save`, `before-pv-delete`, `after-pv-delete`, `before-pv-resize`, `after-pv-resize`,
+//! `before-modify` (the claim's modification is `InProgress`, the backend not called) and
+//! `after-modify` (the image has the class's limits, the PV and claim do not name it yet).
 //!
 //! Unset or empty: every `hit` is a relaxed atomic load of an initialised `OnceLock`.
 

@@ -4,7 +4,8 @@
 //! `spec.volumeAttributesClassName` and the claim's `status.currentVolumeAttributesClassName`;
 //! a missing class is `Pending` until it exists; bad parameters are `Infeasible` (the key
 //! named, nothing written) until a valid class is named; an in-tree `rbd` PV is `Infeasible`;
-//! a claim created with a class gets it once bound.
+//! a claim created with a class gets it once bound; a crash before or after the image is
+//! modified (crash points `before-modify`, `after-modify`) is finished by a restart.
 //!
 //! `cargo test -p rbd-provisioner --test modify`
 
@@ -96,7 +97,7 @@ fn condition_message(claim: &PersistentVolumeClaim, kind: &str) -> Option<String
 }
 
 /// A class provisioning PVs with `pv_source` (`csi` or `rbd`), the provisioner, and a bound
-/// claim `claim` in it: its PV and image.
+/// claim `claim` in it: its PV, image and the image name prefix.
 async fn bound_claim(
     h: &Harness,
     pv_source: &str,
@@ -105,31 +106,37 @@ async fn bound_claim(
     support::Process,
     k8s_openapi::api::core::v1::PersistentVolume,
     String,
+    String,
 ) {
     let prefix = unique_prefix("vac");
     let mut params = h.params();
     params.push(("pvSource".into(), pv_source.into()));
     h.create_class(pv_source, &params, "Delete").await;
-    let p = h.spawn(
+    let p = spawn(h, &prefix, &[]);
+    h.create_claim(claim, pv_source, "8Mi", false).await;
+    let (_, pv) = h.wait_bound(claim).await;
+    let image = Harness::image_name(&pv);
+    (p, pv, image, prefix)
+}
+
+/// The provisioner with fast retries, naming images with `prefix`.
+fn spawn(h: &Harness, prefix: &str, env: &[(&str, &str)]) -> support::Process {
+    h.spawn(
         &[
             "--leader-elect=false",
             "--retry-interval-start=200ms",
             "--retry-interval-max=2s",
             "--image-name-prefix",
-            &prefix,
+            prefix,
         ],
-        &[],
-    );
-    h.create_claim(claim, pv_source, "8Mi", false).await;
-    let (_, pv) = h.wait_bound(claim).await;
-    let image = Harness::image_name(&pv);
-    (p, pv, image)
+        env,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_are_modified_to_their_volume_attributes_class() {
     let h = Harness::start().await;
-    let (_p, pv, image) = bound_claim(&h, "csi", "q").await;
+    let (_p, pv, image, _) = bound_claim(&h, "csi", "q").await;
     let pv_name = pv.metadata.name.clone().unwrap();
     assert!(pv.spec.as_ref().unwrap().csi.is_some(), "a CSI PV");
 
@@ -208,7 +215,7 @@ async fn claims_are_modified_to_their_volume_attributes_class() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_tree_rbd_volume_cannot_be_modified() {
     let h = Harness::start().await;
-    let (_p, pv, image) = bound_claim(&h, "rbd", "old").await;
+    let (_p, pv, image, _) = bound_claim(&h, "rbd", "old").await;
     assert!(pv.spec.as_ref().unwrap().rbd.is_some(), "an in-tree PV");
     create_vac(&h, "gold", json!({"rbd_qos_iops_limit": "500"})).await;
     name_class(&h, "old", "gold").await;
@@ -232,7 +239,7 @@ async fn an_in_tree_rbd_volume_cannot_be_modified() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_created_with_a_class_gets_it_once_bound() {
     let h = Harness::start().await;
-    let (_p, _, _) = bound_claim(&h, "csi", "first").await;
+    let (_p, _, _, _) = bound_claim(&h, "csi", "first").await;
     create_vac(&h, "silver", json!({"rbd_qos_write_bps_limit": "1Mi"})).await;
     let claim = serde_json::from_value(json!({
         "metadata": {"name": "born-silver", "namespace": "default"},
@@ -255,4 +262,72 @@ async fn a_claim_created_with_a_class_gets_it_once_bound() {
         librbd_value(&h, &image, "rbd_qos_write_bps_limit"),
         "1048576"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_modification_cut_by_a_crash_is_finished_after_a_restart() {
+    let h = Harness::start().await;
+    let (mut p, pv, image, prefix) = bound_claim(&h, "csi", "c").await;
+    create_vac(&h, "one", json!({"rbd_qos_iops_limit": "100"})).await;
+    create_vac(&h, "two", json!({"rbd_qos_iops_limit": "200"})).await;
+    let pv_name = pv.metadata.name.clone().unwrap();
+    for (step, class, applied) in [
+        ("after-modify", "one", true),
+        ("before-modify", "two", false),
+    ] {
+        p.kill();
+        let mut crashing = spawn(&h, &prefix, &[("RBD_PROVISIONER_CRASH_AT", step)]);
+        name_class(&h, "c", class).await;
+        assert!(
+            crashing.wait_exit(WAIT).is_some(),
+            "no crash at {step}:\n{}",
+            crashing.log_text()
+        );
+        // cut: InProgress recorded, the PV and the claim's current class not yet
+        let claim = h.claims().get("c").await.unwrap();
+        let m = claim
+            .status
+            .as_ref()
+            .unwrap()
+            .modify_volume_status
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (
+                m.status.as_str(),
+                m.target_volume_attributes_class_name.as_deref()
+            ),
+            ("InProgress", Some(class)),
+            "{step}"
+        );
+        let on_image = librbd_value(&h, &image, "rbd_qos_iops_limit");
+        let wanted = if class == "one" { "100" } else { "200" };
+        assert_eq!(on_image == wanted, applied, "{step}: image has {on_image}");
+        let pv_class = h
+            .volumes()
+            .get(&pv_name)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .volume_attributes_class_name;
+        assert_ne!(pv_class.as_deref(), Some(class), "{step}");
+        // restarted: finished
+        p = spawn(&h, &prefix, &[]);
+        wait_current(&h, "c", class).await;
+        assert_eq!(
+            librbd_value(&h, &image, "rbd_qos_iops_limit"),
+            wanted,
+            "{step}"
+        );
+        let pv_class = h
+            .volumes()
+            .get(&pv_name)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .volume_attributes_class_name;
+        assert_eq!(pv_class.as_deref(), Some(class), "{step}");
+    }
 }
