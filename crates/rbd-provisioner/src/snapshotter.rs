@@ -664,3 +664,42 @@ fn should_delete(c: &DynamicObject) -> bool {
             .is_empty();
     unbound_static || has_annotation(c, ANN_BEING_DELETED)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn content(v: Value) -> DynamicObject {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn deletion_waits_for_the_snapshot_controller_unless_unbound_and_static() {
+        let deleted =
+            json!({"metadata": {"name": "c", "deletionTimestamp": "2026-01-01T00:00:00Z"}});
+        let mut dynamic = deleted.clone();
+        dynamic["spec"] =
+            json!({"source": {"volumeHandle": "v1/m/p/i"}, "volumeSnapshotRef": {"uid": "u"}});
+        assert!(!should_delete(&content(dynamic.clone())));
+        dynamic["metadata"]["annotations"] = json!({ANN_BEING_DELETED: "yes"});
+        assert!(should_delete(&content(dynamic)));
+        let mut unbound = deleted.clone();
+        unbound["spec"] =
+            json!({"source": {"snapshotHandle": "s1/m/p/i"}, "volumeSnapshotRef": {"name": "vs"}});
+        assert!(should_delete(&content(unbound)));
+        let live = json!({"metadata": {"name": "c", "annotations": {ANN_BEING_DELETED: "yes"}}});
+        assert!(!should_delete(&content(live)));
+    }
+
+    #[test]
+    fn ready_needs_the_flag_and_a_handle() {
+        let c = |status: Value| content(json!({"metadata": {"name": "c"}, "status": status}));
+        assert!(is_ready(&c(
+            json!({"readyToUse": true, "snapshotHandle": "s1/m/p/i"})
+        )));
+        assert!(!is_ready(&c(json!({"readyToUse": true}))));
+        assert!(!is_ready(&c(
+            json!({"readyToUse": false, "snapshotHandle": "s1/m/p/i"})
+        )));
+    }
+}
