@@ -7,4 +7,5 @@ mod delete;
 mod expand;
 mod failures;
 mod leader;
+mod modify;
 mod provision;
