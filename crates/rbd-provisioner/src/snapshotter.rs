@@ -20,10 +20,11 @@
 //! - pre-provisioned (`spec.source.snapshotHandle`): the snapshot is looked up in Ceph; found
 //!   = ready, with its size and creation time.
 //! - deleted (deletion timestamp and `volumesnapshot-being-deleted`, or a pre-provisioned
-//!   content never bound): with policy `Delete` the snapshot is deleted, then the status is
-//!   cleared and the finalizer `volumesnapshotcontent-bound-protection` removed. A content
-//!   still marked being-created is first completed (the create is idempotent), so a crash
-//!   between annotation and status leaks nothing.
+//!   content never bound): with policy `Delete` the snapshot is deleted, then the status's
+//!   snapshot fields are cleared and the finalizer `volumesnapshotcontent-bound-protection`
+//!   removed. A content still marked being-created is first completed (the create is
+//!   idempotent; the sidecar likewise retries the create before it deletes), so a crash between
+//!   annotation and status leaks nothing.
 //!
 //! Credentials: the secret the deletion-secret annotations name (set by the snapshot-controller
 //! from the class parameters `csi.storage.k8s.io/snapshotter-secret-name`/`-namespace`; user
@@ -292,9 +293,13 @@ impl Snapshotter {
             .map_err(|e| format!("updating the status of VolumeSnapshotContent {name}: {e}"))
     }
 
-    /// Records a failure: `status.error` (readyToUse false) and a Warning event.
+    /// Records a failure: `status.error` (readyToUse false) and a Warning event; nothing when
+    /// the same error is recorded already (as the sidecar).
     async fn report(&self, content: &DynamicObject, reason: &str, message: &str) {
         let name = content.name_any();
+        if str_at(&content.data, "/status/error/message") == Some(message) {
+            return;
+        }
         self.recorder
             .record(object_ref(content), EventType::Warning, reason, message);
         let time = k8s_openapi::jiff::Timestamp::now().to_string();
@@ -314,9 +319,18 @@ impl Snapshotter {
         match &result {
             Ok(_) => {}
             Err(f) => {
-                let message = format!("Failed to create snapshot: {}", f.message);
-                self.report(content, "SnapshotCreationFailed", &message)
-                    .await;
+                // the sidecar's reasons: a dynamic snapshot's create, a pre-provisioned one's check
+                let (reason, what) =
+                    if str_at(&content.data, "/spec/source/snapshotHandle").is_some() {
+                        (
+                            "SnapshotContentCheckandUpdateFailed",
+                            "Failed to check and update snapshot content",
+                        )
+                    } else {
+                        ("SnapshotCreationFailed", "Failed to create snapshot")
+                    };
+                let message = format!("{what}: {}", f.message);
+                self.report(content, reason, &message).await;
                 if !f.uncertain && has_annotation(content, ANN_BEING_CREATED) {
                     let _ = self.annotate(&name, ANN_BEING_CREATED, None).await;
                 }
@@ -590,7 +604,14 @@ impl Snapshotter {
                 );
             }
             result?;
-            self.patch_status(&name, Value::Null)
+            // the sidecar's clearVolumeContentStatus: the snapshot's fields go, an error stays
+            let cleared = json!({
+                "snapshotHandle": null,
+                "readyToUse": null,
+                "creationTime": null,
+                "restoreSize": null,
+            });
+            self.patch_status(&name, cleared)
                 .await
                 .map_err(Failure::new)?;
         }

@@ -328,3 +328,69 @@ async fn a_protection_finalizer_no_pending_claim_needs_comes_off() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_snapshot_reports_its_error_on_the_content_and_the_snapshot() {
+    use kube::api::{Api, DynamicObject};
+    let (h, _p) = setup().await;
+    h.create_claim("err-src", "csi", "16Mi", false).await;
+    h.wait_bound("err-src").await;
+    let classes: Api<DynamicObject> = Api::all_with(
+        h.client.clone(),
+        &snap::resource("VolumeSnapshotClass", "volumesnapshotclasses"),
+    );
+    let class = json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshotClass",
+        "metadata": {"name": "bad-params"},
+        "driver": snap::DRIVER,
+        "deletionPolicy": "Delete",
+        "parameters": {"pool": "elsewhere"},
+    });
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(class).unwrap(),
+        )
+        .await
+        .unwrap();
+    let vs = json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshot",
+        "metadata": {"name": "bad", "namespace": "default"},
+        "spec": {
+            "volumeSnapshotClassName": "bad-params",
+            "source": {"persistentVolumeClaimName": "err-src"},
+        },
+    });
+    snapshots(&h)
+        .create(&PostParams::default(), &serde_json::from_value(vs).unwrap())
+        .await
+        .unwrap();
+    let api = snapshots(&h);
+    let message = h
+        .until("the error on the VolumeSnapshot", WAIT, || {
+            let api = api.clone();
+            async move {
+                let vs = api.get("bad").await.ok()?;
+                vs.data
+                    .pointer("/status/error/message")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            }
+        })
+        .await;
+    assert!(
+        message.starts_with("Failed to create snapshot: ") && message.contains("\"pool\""),
+        "{message}"
+    );
+    let vs = api.get("bad").await.unwrap();
+    assert_eq!(vs.data["status"]["readyToUse"], json!(false));
+    let content = format!("snapcontent-{}", vs.metadata.uid.unwrap());
+    let event = h.wait_event(&content, "SnapshotCreationFailed").await;
+    assert_eq!(event, message);
+    // deleting the failed snapshot leaves nothing behind
+    api.delete("bad", &DeleteParams::default()).await.unwrap();
+    wait_gone(&h, &api, "bad").await;
+    wait_gone(&h, &contents(&h), &content).await;
+}
