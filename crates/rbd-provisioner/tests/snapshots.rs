@@ -394,3 +394,73 @@ async fn a_failing_snapshot_reports_its_error_on_the_content_and_the_snapshot() 
     wait_gone(&h, &api, "bad").await;
     wait_gone(&h, &contents(&h), &content).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_provisioned_snapshot_is_verified_in_ceph_and_restores() {
+    use support::{ADMIN_SECRET, ADMIN_SECRET_NS};
+    let (h, _p) = setup().await;
+    h.create_claim("pp-src", "csi", "16Mi", false).await;
+    h.wait_bound("pp-src").await;
+    create_snapshot(&h, "pp-dynamic", "pp-src").await;
+    let vs = wait_ready(&h, "pp-dynamic").await;
+    let content_name = format!("snapcontent-{}", vs.metadata.uid.unwrap());
+    let handle = contents(&h).get(&content_name).await.unwrap().data["status"]["snapshotHandle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // an existing snapshot imported by hand (Retain), and one whose handle names nothing
+    let secret_annotations = json!({
+        "snapshot.storage.kubernetes.io/deletion-secret-name": ADMIN_SECRET,
+        "snapshot.storage.kubernetes.io/deletion-secret-namespace": ADMIN_SECRET_NS,
+    });
+    for (content, vs, snapshot_handle) in [
+        ("pp-static", "pp-imported", handle.clone()),
+        (
+            "pp-missing",
+            "pp-missing",
+            handle.replace("csi-snap-", "csi-snap-0"),
+        ),
+    ] {
+        let c = json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshotContent",
+            "metadata": {"name": content, "annotations": secret_annotations},
+            "spec": {
+                "driver": snap::DRIVER,
+                "deletionPolicy": "Retain",
+                "source": {"snapshotHandle": snapshot_handle},
+                "volumeSnapshotRef": {"name": vs, "namespace": "default"},
+            },
+        });
+        contents(&h)
+            .create(&PostParams::default(), &serde_json::from_value(c).unwrap())
+            .await
+            .unwrap();
+        let v = json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshot",
+            "metadata": {"name": vs, "namespace": "default"},
+            "spec": {"source": {"volumeSnapshotContentName": content}},
+        });
+        snapshots(&h)
+            .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await
+            .unwrap();
+    }
+    let imported = wait_ready(&h, "pp-imported").await;
+    assert_eq!(imported.data["status"]["restoreSize"], json!("16Mi"));
+    let status = contents(&h).get("pp-static").await.unwrap().data["status"].clone();
+    assert_eq!(status["snapshotHandle"], json!(handle), "{status}");
+    let message = h
+        .wait_event("pp-missing", "SnapshotContentCheckandUpdateFailed")
+        .await;
+    assert!(message.contains("spec.source.snapshotHandle"), "{message}");
+    create_claim_from(&h, "pp-restored", "16Mi", "VolumeSnapshot", "pp-imported").await;
+    let (_, pv) = h.wait_bound("pp-restored").await;
+    let image = Harness::image_name(&pv);
+    assert_eq!(
+        h.image_meta(&image, "provisioner.ceph.com/content-source")
+            .as_deref(),
+        Some(handle.as_str())
+    );
+}
