@@ -1,7 +1,7 @@
 //! QoS limits against a private Ceph cluster: `apply` writes librbd image configuration that
 //! librbd itself reports (`rbd config image get`, which resolves options through librbd), is
 //! idempotent, leaves keys it was not given alone, and refuses a burst below a stored limit
-//! without writing anything.
+//! without writing anything; a librbd client (`rbd bench`) is held to an IOPS limit set so.
 
 use std::collections::BTreeMap;
 
@@ -137,5 +137,46 @@ async fn missing_image_is_a_ceph_not_found_not_an_invalid_parameter() {
     assert!(
         matches!(&err, qos::QosError::Ceph(e) if e.is_not_found()),
         "{err}"
+    );
+}
+
+/// `rbd bench` (a librbd client) writing `ops` 4 KiB blocks to `spec`; returns the seconds it
+/// took.
+fn bench_writes(spec: &str, ops: u32) -> f64 {
+    let started = std::time::Instant::now();
+    micro_ceph::cluster()
+        .rbd(&[
+            "bench",
+            spec,
+            "--io-type",
+            "write",
+            "--io-size",
+            "4K",
+            "--io-threads",
+            "1",
+            "--io-total",
+            &format!("{}K", 4 * ops),
+            "--rbd-cache=false",
+        ])
+        .unwrap();
+    started.elapsed().as_secs_f64()
+}
+
+#[tokio::test]
+async fn a_librbd_client_is_held_to_the_iops_limit() {
+    let cluster = cluster().await;
+    let pool = &micro_ceph::cluster().pool;
+    let spec = image(&cluster, "qos-enforced").await;
+    let unlimited = bench_writes(&spec, 60);
+    // 20 writes a second (burst = limit): 60 writes take about 3 s
+    let limit = qos::parse([("rbd_qos_write_iops_limit", "20")]).unwrap();
+    qos::apply(&cluster, pool, "qos-enforced", &limit)
+        .await
+        .unwrap();
+    let limited = bench_writes(&spec, 60);
+    eprintln!("60 writes: {unlimited:.2} s unlimited, {limited:.2} s at 20/s");
+    assert!(
+        limited >= 2.0 && limited - unlimited >= 1.5,
+        "60 writes took {limited:.2} s with a limit of 20/s, {unlimited:.2} s without"
     );
 }
