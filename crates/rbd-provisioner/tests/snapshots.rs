@@ -464,3 +464,83 @@ async fn a_pre_provisioned_snapshot_is_verified_in_ceph_and_restores() {
         Some(handle.as_str())
     );
 }
+
+/// deploy/examples/snapshots/ as written (after deploy/examples' claim data-fs) works: the
+/// snapshot becomes ready, the restore and the clone Bind at their sizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_manifests_snapshot_restore_and_clone() {
+    use kube::api::{Api, DynamicObject};
+    let (h, _p) = setup().await;
+    h.create_secret(
+        support::ADMIN_SECRET_NS,
+        "ceph-admin-secret",
+        &[("key", &h.ceph.admin_key)],
+    )
+    .await;
+    let mut params: Vec<(String, String)> = h
+        .params()
+        .into_iter()
+        .map(|(k, v)| match k.as_str() {
+            "adminSecretName" | "userSecretName" => (k, "ceph-admin-secret".to_string()),
+            _ => (k, v),
+        })
+        .collect();
+    params.push(("pvSource".into(), "csi".into()));
+    h.create_class("rbd", &params, "Delete").await;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples");
+    let docs = |file: &str| -> Vec<Value> {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        serde_yaml::Deserializer::from_str(&text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect()
+    };
+    let data_fs = docs("pvcs.yaml")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "data-fs")
+        .unwrap();
+    h.claims()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(data_fs).unwrap(),
+        )
+        .await
+        .unwrap();
+    h.wait_bound("data-fs").await;
+    let class: Api<DynamicObject> = Api::all_with(
+        h.client.clone(),
+        &snap::resource("VolumeSnapshotClass", "volumesnapshotclasses"),
+    );
+    for doc in docs("snapshots/volumesnapshotclass.yaml") {
+        class
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(doc).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    for doc in docs("snapshots/snapshot.yaml") {
+        if doc["kind"] == "VolumeSnapshot" {
+            snapshots(&h)
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(doc).unwrap(),
+                )
+                .await
+                .unwrap();
+        } else {
+            h.claims()
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(doc).unwrap(),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    wait_ready(&h, "data-fs-snap").await;
+    for (claim, size) in [("data-fs-restored", 2u64 << 30), ("data-fs-clone", 1 << 30)] {
+        let (_, pv) = h.wait_bound(claim).await;
+        assert_eq!(h.image_size(&Harness::image_name(&pv)), size, "{claim}");
+    }
+}

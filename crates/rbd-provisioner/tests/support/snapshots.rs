@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::support::{ADMIN_SECRET, ADMIN_SECRET_NS, Harness, Process};
 
 pub const DRIVER: &str = rbd_csi::DEFAULT_DRIVER_NAME;
-pub const SNAPSHOT_CLASS: &str = "rbd-snapshots";
+pub const SNAPSHOT_CLASS: &str = "test-snapshots";
 pub const WAIT: Duration = Duration::from_secs(60);
 
 pub fn resource(kind: &str, plural: &str) -> ApiResource {
