@@ -1,7 +1,8 @@
 //! QoS limits against a private Ceph cluster: `apply` writes librbd image configuration that
 //! librbd itself reports (`rbd config image get`, which resolves options through librbd), is
 //! idempotent, leaves keys it was not given alone, and refuses a burst below a stored limit
-//! without writing anything; a librbd client (`rbd bench`) is held to an IOPS limit set so.
+//! without writing anything; a librbd client (`rbd bench`) is held to an IOPS limit set so, and
+//! so is a client that had the image open before the limit was set (python-rbd).
 
 use std::collections::BTreeMap;
 
@@ -178,5 +179,54 @@ async fn a_librbd_client_is_held_to_the_iops_limit() {
     assert!(
         limited >= 2.0 && limited - unlimited >= 1.5,
         "60 writes took {limited:.2} s with a limit of 20/s, {unlimited:.2} s without"
+    );
+}
+
+/// A python-rbd client that opens the image, writes 60 4 KiB blocks, waits for a line on
+/// stdin, writes 60 more; prints the seconds each round took.
+const OPEN_CLIENT: &str = "import sys, time, rados, rbd
+c = rados.Rados(conffile=sys.argv[1]); c.conf_set('rbd_cache', 'false'); c.connect()
+io = c.open_ioctx(sys.argv[2]); img = rbd.Image(io, sys.argv[3])
+def run():
+    t = time.time()
+    for i in range(60): img.write(b'x' * 4096, i * 4096)
+    return time.time() - t
+print(run(), flush=True)
+sys.stdin.readline()
+print(run(), flush=True)";
+
+#[tokio::test]
+async fn a_limit_set_later_reaches_an_image_already_open() {
+    use std::io::{BufRead, Write};
+    let cluster = cluster().await;
+    let ceph = micro_ceph::cluster();
+    image(&cluster, "qos-open").await;
+    let mut client = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", OPEN_CLIENT])
+        .arg(&ceph.conf_path)
+        .args([ceph.pool.as_str(), "qos-open"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(client.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let before: f64 = line.trim().parse().unwrap();
+    let limit = qos::parse([("rbd_qos_write_iops_limit", "20")]).unwrap();
+    qos::apply(&cluster, &ceph.pool, "qos-open", &limit)
+        .await
+        .unwrap();
+    // librbd refreshes an open image when its header changes (metadata set notifies)
+    client.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let after: f64 = line.trim().parse().unwrap();
+    drop(client.stdin.take());
+    client.wait().unwrap();
+    eprintln!("60 writes on the open image: {before:.2} s before, {after:.2} s after the limit");
+    assert!(
+        after >= 2.0 && after - before >= 1.5,
+        "60 writes took {after:.2} s after a limit of 20/s, {before:.2} s before"
     );
 }
