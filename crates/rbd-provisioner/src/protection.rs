@@ -27,9 +27,11 @@ pub fn task(client: Client, backoff: Backoff) -> provisioner::Companion {
 
 async fn run(client: Client, backoff: Backoff) {
     let queue: WorkQueue<Key> = WorkQueue::new(backoff);
-    let worker = {
+    // Held by this future: when the leader's tasks are dropped (lease lost), these go too.
+    let mut tasks = tokio::task::JoinSet::new();
+    {
         let (client, queue) = (client.clone(), queue.clone());
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             while let Some(key) = queue.get().await {
                 let (ns, source) = &key;
                 match crate::sources::release_source(&client, ns, source, None).await {
@@ -41,9 +43,9 @@ async fn run(client: Client, backoff: Backoff) {
                 }
                 queue.done(&key);
             }
-        })
-    };
-    let snapshots = tokio::spawn(watch_snapshots(client.clone(), queue.clone()));
+        });
+    }
+    tasks.spawn(watch_snapshots(client.clone(), queue.clone()));
     let api: Api<PersistentVolumeClaim> = Api::all(client);
     let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()));
     while let Some(event) = stream.next().await {
@@ -67,8 +69,7 @@ async fn run(client: Client, backoff: Backoff) {
         }
     }
     queue.shut_down();
-    worker.abort();
-    snapshots.abort();
+    tasks.abort_all();
 }
 
 /// VolumeSnapshots carrying our finalizer, once the snapshot API exists.

@@ -544,3 +544,40 @@ async fn the_example_manifests_snapshot_restore_and_clone() {
         assert_eq!(h.image_size(&Harness::image_name(&pv)), size, "{claim}");
     }
 }
+
+/// Two replicas with leader election: only the leader fills contents; when it is killed, the
+/// new leader takes the next snapshot and finishes nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_content_controller_follows_the_leader() {
+    let h = snap::harness().await;
+    let args = [
+        "--pv-source=csi",
+        "--leader-elect=true",
+        "--leader-election-namespace=default",
+        "--leader-election-lease-duration=4s",
+        "--leader-election-renew-deadline=3s",
+        "--leader-election-retry-period=500ms",
+        "--retry-interval-start=200ms",
+        "--retry-interval-max=2s",
+    ];
+    let mut replicas = vec![h.spawn(&args, &[]), h.spawn(&args, &[])];
+    h.create_claim("ha-src", "csi", "16Mi", false).await;
+    h.wait_bound("ha-src").await;
+    create_snapshot(&h, "ha-1", "ha-src").await;
+    wait_ready(&h, "ha-1").await;
+    let leader = h
+        .until("a leader", WAIT, || {
+            let l = Harness::leader(&mut replicas);
+            async move { l }
+        })
+        .await;
+    let standby = 1 - leader;
+    assert!(
+        !replicas[standby].log_text().contains("snapshot ready"),
+        "the standby took a snapshot"
+    );
+    replicas[leader].kill();
+    create_snapshot(&h, "ha-2", "ha-src").await;
+    wait_ready(&h, "ha-2").await;
+    assert!(replicas[standby].log_text().contains("snapshot ready"));
+}
