@@ -1,7 +1,8 @@
 //! The RBAC in deploy/rbac.yaml covers every API call the provisioner makes: a full run (Immediate
-//! and WaitForFirstConsumer claims, filesystem and block, a failure, expansion, a refused and then
-//! successful delete, leader election, CSIDriver lookup) against an emulator that records each
-//! request with its User-Agent, then every request of ours is matched against the rules.
+//! and WaitForFirstConsumer claims, filesystem and block, a failure, expansion, a
+//! VolumeAttributesClass named on a claim, a refused and then successful delete, leader election,
+//! CSIDriver lookup) against an emulator that records each request with its User-Agent, then
+//! every request of ours is matched against the rules.
 
 mod support;
 
@@ -92,6 +93,24 @@ async fn deploy_rbac_covers_every_request_of_a_full_run() {
     h.create_claim("blk", "rbd", "16Mi", true).await;
     let (_, fs_pv) = h.wait_bound("fs").await;
     h.wait_bound("blk").await;
+    // a VolumeAttributesClass named on a claim: the class is read, the claim's status written
+    // (an in-tree PV: Infeasible)
+    let vacs: Api<k8s_openapi::api::storage::v1::VolumeAttributesClass> =
+        Api::all(h.client.clone());
+    let gold = json!({"metadata": {"name": "gold"}, "driverName": "rbd.provisioner.ceph.io",
+                      "parameters": {"rbd_qos_iops_limit": "100"}});
+    vacs.create(
+        &PostParams::default(),
+        &serde_json::from_value(gold).unwrap(),
+    )
+    .await
+    .unwrap();
+    let name_gold = json!({"spec": {"volumeAttributesClassName": "gold"}});
+    h.claims()
+        .patch("blk", &PatchParams::default(), &Patch::Merge(&name_gold))
+        .await
+        .unwrap();
+    h.wait_event("blk", "VolumeModifyFailed").await;
     let patch = json!({"spec": {"resources": {"requests": {"storage": "64Mi"}}}});
     h.claims()
         .patch("fs", &PatchParams::default(), &Patch::Merge(&patch))
