@@ -25,7 +25,7 @@
 //! [`rbd_volume::snapshot::delete_snapshot`] (one that restored or cloned volumes still hang off
 //! is flattened and moved to the RBD trash until its last child is gone).
 
-mod snapshots;
+pub mod snapshots;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
