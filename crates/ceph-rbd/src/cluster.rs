@@ -175,7 +175,7 @@ fn in_flight() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
 }
 
 /// Holds an image's in-flight mark; dropping it clears the mark.
-struct InFlight(String);
+pub(crate) struct InFlight(String);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -186,7 +186,7 @@ impl Drop for InFlight {
     }
 }
 
-fn check_image_name(op: &'static str, pool: &str, name: &str) -> Result<(), Error> {
+pub(crate) fn check_image_name(op: &'static str, pool: &str, name: &str) -> Result<(), Error> {
     let target = format!("{pool}/{name}");
     if pool.is_empty() {
         return Err(Error::invalid(op, target, "pool name is empty"));
@@ -371,7 +371,7 @@ impl Cluster {
     }
 
     /// Runs `f` with an I/O context on `pool`.
-    async fn with_pool<T: Send + 'static>(
+    pub(crate) async fn with_pool<T: Send + 'static>(
         &self,
         op: &'static str,
         pool: &str,
@@ -412,7 +412,12 @@ impl Cluster {
     /// A second changing operation on the same image meanwhile is refused with
     /// [`Error::InProgress`]: two handles of one process on one image would contend for its
     /// exclusive lock, and librbd does not survive one of them closing mid-request.
-    fn claim_image(&self, op: &'static str, pool: &str, name: &str) -> Result<InFlight, Error> {
+    pub(crate) fn claim_image(
+        &self,
+        op: &'static str,
+        pool: &str,
+        name: &str,
+    ) -> Result<InFlight, Error> {
         let key = format!("{}|{pool}/{name}", self.monitors);
         let mut set = in_flight()
             .lock()
@@ -485,10 +490,11 @@ impl Cluster {
         }
     }
 
-    /// Removes an image if `check` accepts its metadata (e.g. the owner record), reading the
-    /// metadata and the watchers with one open. `Ok(Err(reason))` when `check` refused; the
-    /// other outcomes as [`Cluster::remove_image`]. A partial image (no header) has no metadata:
-    /// `check` sees an empty map.
+    /// Removes an image if `check` accepts its metadata (e.g. the owner record). The metadata is
+    /// read from the image header without opening the image (see `header`); librbd's remove then
+    /// refuses a watched image (EBUSY), and only then is the image opened to name its watchers.
+    /// `Ok(Err(reason))` when `check` refused; the other outcomes as [`Cluster::remove_image`].
+    /// A partial image (no header) has no metadata: `check` sees an empty map.
     pub async fn remove_image_checked(
         &self,
         pool: &str,
@@ -501,25 +507,47 @@ impl Cluster {
         let target = format!("{pool}/{name}");
         self.with_pool("remove image", pool, target.clone(), move |io| {
             let _guard = guard;
-            // librbd answers EBUSY when watched; ask first so the error can name the watchers.
-            // An image that cannot be opened may be a partial one (a create killed midway:
-            // id object, no header): rbd_remove still cleans that up, or says ENOENT.
-            let (meta, watchers) = match io.open(&name, true) {
-                Ok(img) => (img.metadata_list()?, img.watchers()?),
-                Err(e) if e.is_not_found() => (BTreeMap::new(), Vec::new()),
+            let op = "remove image";
+            // A partial image (a create killed midway: id object, no header) has no metadata;
+            // rbd_remove still cleans it up, or says ENOENT. No id object: gone, or a format-1
+            // image, whose metadata (none) needs an open to read.
+            let meta = match crate::header::image_id(io, op, &target, &name) {
+                Ok(id) => match crate::header::metadata(io, op, &target, &id) {
+                    Ok(meta) => meta,
+                    Err(e) if e.is_not_found() => BTreeMap::new(),
+                    Err(e) => return Err(e),
+                },
+                Err(e) if e.is_not_found() => match io.open(&name, true) {
+                    Ok(img) => img.metadata_list()?,
+                    Err(e) if e.is_not_found() => BTreeMap::new(),
+                    Err(e) => return Err(e),
+                },
                 Err(e) => return Err(e),
             };
             if let Err(reason) = check(&meta) {
                 return Ok(Err(reason));
             }
-            if !watchers.is_empty() {
-                return Err(Error::InUse {
-                    op: "remove image",
-                    target,
-                    watchers: watchers.into_iter().map(|w| w.address).collect(),
-                });
+            match io.remove_image(&name) {
+                // Watched: name the watchers (none left: the tail of a client that just closed
+                // it; the caller may retry).
+                Err(Error::Busy { .. }) => {
+                    let watchers = match io.open(&name, true) {
+                        Ok(img) => img.watchers()?,
+                        Err(e) if e.is_not_found() => Vec::new(),
+                        Err(e) => return Err(e),
+                    };
+                    if watchers.is_empty() {
+                        Err(Error::Busy { op, target })
+                    } else {
+                        Err(Error::InUse {
+                            op,
+                            target,
+                            watchers: watchers.into_iter().map(|w| w.address).collect(),
+                        })
+                    }
+                }
+                other => other.map(Ok),
             }
-            io.remove_image(&name).map(Ok)
         })
         .await
     }

@@ -26,6 +26,7 @@ mod cluster;
 mod config;
 mod error;
 mod features;
+mod header;
 mod lifecycle;
 mod pool;
 mod probe;

@@ -534,6 +534,47 @@ impl IoCtx<'_> {
         check(rc, op, &target).map(drop)
     }
 
+    /// Calls the object-class method `class.method` on object `oid` of this pool (`rados_exec`)
+    /// and returns its output. `target` names what the call is about in errors.
+    pub(crate) fn exec(
+        &self,
+        op: &'static str,
+        target: &str,
+        oid: &str,
+        class: &str,
+        method: &str,
+        input: &[u8],
+    ) -> Result<Vec<u8>, Error> {
+        let c_oid = cstring(oid, op, target)?;
+        let c_class = cstring(class, op, target)?;
+        let c_method = cstring(method, op, target)?;
+        let mut len = 4096usize;
+        for _ in 0..8 {
+            let mut buf = vec![0u8; len];
+            // SAFETY: valid ioctx and strings; `input` and `buf` are valid for their lengths.
+            let rc = unsafe {
+                ffi::rados_exec(
+                    self.handle,
+                    c_oid.as_ptr(),
+                    c_class.as_ptr(),
+                    c_method.as_ptr(),
+                    input.as_ptr().cast(),
+                    input.len(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            if rc == -libc::ERANGE {
+                len *= 4;
+                continue;
+            }
+            let n = check(rc, op, target)?;
+            buf.truncate(usize::try_from(n).unwrap_or(0).min(buf.len()));
+            return Ok(buf);
+        }
+        Err(Error::from_errno(-libc::ERANGE, op, target))
+    }
+
     pub(crate) fn list_images(&self) -> Result<Vec<String>, Error> {
         let op = "list images";
         let mut max: usize = 64;

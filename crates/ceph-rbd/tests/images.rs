@@ -545,3 +545,110 @@ async fn group_snapshots_cover_every_image_at_once() {
         cluster.remove_image(&pool, image).await.unwrap();
     }
 }
+
+/// Metadata written on the header without opening the image is what librbd reads, and the
+/// unopened listing agrees with librbd's; missing images are not found.
+#[tokio::test]
+async fn metadata_written_and_read_without_opening_matches_librbd() {
+    let (cluster, pool, name) = with_image("meta-unopened", MIB).await;
+    let long = "y".repeat(3000);
+    cluster
+        .metadata_set_unopened(
+            &pool,
+            &name,
+            vec![
+                ("owner.pv".into(), "pvc-9".into()),
+                ("owner.claim".into(), "ns/claim".into()),
+                ("m.empty".into(), String::new()),
+                ("long".into(), long.clone()),
+            ],
+        )
+        .await
+        .unwrap();
+    let librbd = cluster.metadata_list(&pool, &name).await.unwrap();
+    assert_eq!(librbd.len(), 4, "{librbd:?}");
+    assert_eq!(librbd["owner.pv"], "pvc-9");
+    assert_eq!(librbd["m.empty"], "");
+    assert_eq!(librbd["long"], long);
+    cluster
+        .metadata_set(&pool, &name, "later", "by-librbd")
+        .await
+        .unwrap();
+    let unopened = cluster.metadata_list_unopened(&pool, &name).await.unwrap();
+    assert_eq!(unopened, cluster.metadata_list(&pool, &name).await.unwrap());
+    assert_eq!(unopened["later"], "by-librbd");
+
+    // more keys than one listing page returns
+    let many: Vec<(String, String)> = (0..1500)
+        .map(|i| (format!("k{i:05}"), i.to_string()))
+        .collect();
+    cluster
+        .metadata_set_unopened(&pool, &name, many)
+        .await
+        .unwrap();
+    let all = cluster.metadata_list_unopened(&pool, &name).await.unwrap();
+    assert_eq!(all.len(), 1505);
+    assert_eq!(all["k01499"], "1499");
+
+    cluster.remove_image(&pool, &name).await.unwrap();
+    for e in [
+        cluster
+            .metadata_list_unopened(&pool, &name)
+            .await
+            .unwrap_err(),
+        cluster
+            .metadata_set_unopened(&pool, &name, vec![("a".into(), "b".into())])
+            .await
+            .unwrap_err(),
+    ] {
+        assert!(e.is_not_found(), "{e}");
+    }
+}
+
+/// A checked removal reads the owner record without opening the image, refuses what the check
+/// refuses, and still names the watchers of a watched image.
+#[tokio::test]
+async fn checked_removal_refuses_by_metadata_and_names_watchers() {
+    let (cluster, pool, name) = with_image("checked", MIB).await;
+    cluster
+        .metadata_set_unopened(&pool, &name, vec![("owner.pv".into(), "pvc-a".into())])
+        .await
+        .unwrap();
+    let refused = cluster
+        .remove_image_checked(&pool, &name, |meta| {
+            if meta.get("owner.pv").map(String::as_str) == Some("pvc-b") {
+                Ok(())
+            } else {
+                Err(format!("owned by {:?}", meta.get("owner.pv")))
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(refused, Err("owned by Some(\"pvc-a\")".to_string()));
+    assert!(cluster.image_exists(&pool, &name).await.unwrap());
+
+    let guard = micro_ceph::ImageHolder::open(micro_ceph::cluster(), &pool, &name).unwrap();
+    match cluster
+        .remove_image_checked(&pool, &name, |_| Ok(()))
+        .await
+        .unwrap_err()
+    {
+        Error::InUse { watchers, .. } => {
+            assert_eq!(watchers.len(), 1, "{watchers:?}");
+            assert!(watchers[0].starts_with("127.0.0.1:"), "{watchers:?}");
+        }
+        e => panic!("expected InUse, got {e}"),
+    }
+    drop(guard);
+    assert_eq!(
+        cluster
+            .remove_image_checked(&pool, &name, |meta| {
+                assert_eq!(meta["owner.pv"], "pvc-a");
+                Ok(())
+            })
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    assert!(!cluster.image_exists(&pool, &name).await.unwrap());
+}

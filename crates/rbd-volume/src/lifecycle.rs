@@ -199,7 +199,7 @@ pub async fn ensure(
                 };
             }
             Err(e) if e.is_already_exists() => {
-                recorded = match cluster.metadata_list(pool, image).await {
+                recorded = match cluster.metadata_list_unopened(pool, image).await {
                     Ok(meta) => meta,
                     // A create killed midway leaves the id object but no header: no data, and
                     // it can never be opened. Clean it up and create it properly.
@@ -253,8 +253,10 @@ pub async fn ensure(
         }
     };
     // Write what is missing of the owner record (all of it after a fresh create; the rest of it
-    // after a crash between two keys), with one open. The PV key goes last: an image counts as
-    // ours only once the whole record is there.
+    // when an older version crashed between two keys) in one object-class call on the image
+    // header: the whole record or nothing, and no librbd ImageCtx (whose construction copies
+    // the whole Ceph configuration, the bulk of the CPU a volume costs). The PV key still goes
+    // last, for records completed key by key by older versions.
     let missing: Vec<(String, String)> = new
         .owner
         .entries()
@@ -264,8 +266,11 @@ pub async fn ensure(
         .collect();
     if !missing.is_empty() {
         cluster
-            .metadata_set_many(pool, image, missing, Some(hooks.owner_key_written))
+            .metadata_set_unopened(pool, image, missing.clone())
             .await?;
+        for (key, _) in &missing {
+            (hooks.owner_key_written)(key);
+        }
     }
     (hooks.step)(Step::OwnerRecorded);
     Ok(ensured)

@@ -842,22 +842,29 @@ pub async fn delete_volume(
     claimant: &Claimant,
     hooks: &Hooks,
 ) -> Result<Deleted, Error> {
-    let intermediate = match cluster
-        .metadata_get(pool, image, META_CLONE_INTERMEDIATE)
-        .await
-    {
-        Ok(i) => i,
+    // Read without opening the image (no librbd ImageCtx): most volumes are plain ones, and
+    // for them this read and the removal are all the Ceph work a deletion does.
+    let (intermediate, mut purge) = match cluster.metadata_list_unopened(pool, image).await {
+        Ok(meta) => (
+            meta.get(META_CLONE_INTERMEDIATE).cloned(),
+            // A restore or clone (it records its source) may be the last child of a trashed
+            // snapshot image, which can go once the child is gone.
+            meta.get(META_CONTENT_SOURCE)
+                .is_some_and(|source| !source.is_empty()),
+        ),
         // The volume is gone already: a retry after its removal, whose intermediate removal
         // failed (e.g. a watcher). The intermediate's name is derived from this volume's, so
         // one of that name in the volume's pool (where it usually is) can only be its own.
-        Err(e) if e.is_not_found() => {
-            Some(format!("{pool}/{}", clone_intermediate_name(pool, image)))
-        }
+        Err(e) if e.is_not_found() => (
+            Some(format!("{pool}/{}", clone_intermediate_name(pool, image))),
+            true,
+        ),
         Err(e) => return Err(e.into()),
     };
     let deleted = match lifecycle::delete(cluster, pool, image, claimant, hooks).await {
         Err(Error::Ceph(ceph_rbd::Error::HasDependents { .. })) => {
             release_dependents(cluster, pool, image).await?;
+            purge = true;
             lifecycle::delete(cluster, pool, image, claimant, hooks).await?
         }
         other => other?,
@@ -868,7 +875,9 @@ pub async fn delete_volume(
         remove_internal(cluster, ipool, iimage).await?;
         purge_trash(cluster, ipool).await?;
     }
-    purge_trash(cluster, pool).await?;
+    if purge {
+        purge_trash(cluster, pool).await?;
+    }
     Ok(deleted)
 }
 
