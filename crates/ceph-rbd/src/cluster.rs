@@ -65,6 +65,7 @@ pub struct SnapInfo {
 /// The snapshot a clone was made from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParentSpec {
+    /// The parent's pool (without its namespace: see [`ParentSpec::pool_spec`]).
     pub pool: String,
     /// RADOS namespace of the parent (empty: the default one).
     pub namespace: String,
@@ -76,6 +77,14 @@ pub struct ParentSpec {
     /// exist, now in the snapshot trash).
     pub snap: String,
     pub snap_id: u64,
+}
+
+impl ParentSpec {
+    /// The parent's pool spec, `pool` or `pool/namespace`, what the calls here take.
+    #[must_use]
+    pub fn pool_spec(&self) -> String {
+        crate::namespace::pool_spec(&self.pool, &self.namespace)
+    }
 }
 
 /// One snapshot of a group.
@@ -188,8 +197,8 @@ impl Drop for InFlight {
 
 pub(crate) fn check_image_name(op: &'static str, pool: &str, name: &str) -> Result<(), Error> {
     let target = format!("{pool}/{name}");
-    if pool.is_empty() {
-        return Err(Error::invalid(op, target, "pool name is empty"));
+    if let Err(reason) = crate::namespace::split_pool_spec(pool) {
+        return Err(Error::invalid(op, target, reason));
     }
     if name.is_empty() {
         return Err(Error::invalid(op, target, "image name is empty"));

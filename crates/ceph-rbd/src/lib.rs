@@ -18,6 +18,7 @@
 //!   background, at most 64 per connection).
 //! * [`Error`] is typed (not found, exists, in use with watcher addresses, permission, timeout...)
 //!   and names the operation and the pool/image, never the key.
+//! * Every `pool` argument is `pool` or `pool/namespace` (a RADOS namespace): see [`namespace`].
 //! * All `unsafe` code lives in the private `raw` module.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -28,6 +29,7 @@ mod error;
 mod features;
 mod header;
 mod lifecycle;
+pub mod namespace;
 mod pool;
 mod probe;
 mod raw;
@@ -40,4 +42,5 @@ pub use config::{ClusterConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, Sec
 pub use error::Error;
 pub use features::Features;
 pub use lifecycle::{ShutdownReport, busy_calls, shutdown};
+pub use namespace::{pool_spec, split_pool_spec};
 pub use pool::{ConnectionPool, PoolOptions};

@@ -174,20 +174,29 @@ impl Rados {
         Ok(rados)
     }
 
-    pub(crate) fn ioctx(&self, pool: &str) -> Result<IoCtx<'_>, Error> {
-        let c_pool = cstring(pool, "open pool", pool)?;
+    /// An I/O context on `spec`, a pool name or `pool/namespace` (see [`crate::namespace`]).
+    pub(crate) fn ioctx(&self, spec: &str) -> Result<IoCtx<'_>, Error> {
+        let (pool, namespace) = crate::namespace::split_pool_spec(spec)
+            .map_err(|reason| Error::invalid("open pool", spec, reason))?;
+        let c_pool = cstring(pool, "open pool", spec)?;
+        let c_namespace = cstring(namespace, "open pool", spec)?;
         let mut handle: ffi::rados_ioctx_t = ptr::null_mut();
         // SAFETY: connected handle, valid out-pointer and string.
         check(
             unsafe { ffi::rados_ioctx_create(self.handle, c_pool.as_ptr(), &mut handle) },
             "open pool",
-            pool,
+            spec,
         )?;
-        Ok(IoCtx {
+        let io = IoCtx {
             handle,
-            pool: pool.to_string(),
+            pool: spec.to_string(),
             _rados: PhantomData,
-        })
+        };
+        if !namespace.is_empty() {
+            // SAFETY: valid ioctx and string; librados copies the name.
+            unsafe { ffi::rados_ioctx_set_namespace(io.handle, c_namespace.as_ptr()) };
+        }
+        Ok(io)
     }
 
     pub(crate) fn cluster_stats(&self) -> Result<ClusterStats, Error> {
@@ -336,6 +345,52 @@ impl IoCtx<'_> {
         let c_group = cstring(group, op, &target)?;
         // SAFETY: `f` is rbd_group_create or rbd_group_remove; valid ioctx and string.
         check(unsafe { f(self.handle, c_group.as_ptr()) }, op, &target).map(drop)
+    }
+
+    /// Whether the RBD namespace `name` exists in this pool (`rbd_namespace_exists`).
+    pub(crate) fn namespace_exists(&self, name: &str) -> Result<bool, Error> {
+        let op = "check namespace";
+        let target = format!("{}/{name}", self.pool);
+        let c_name = cstring(name, op, &target)?;
+        let mut exists = false;
+        // SAFETY: valid ioctx, string and out-pointer.
+        check(
+            unsafe { ffi::rbd_namespace_exists(self.handle, c_name.as_ptr(), &mut exists) },
+            op,
+            &target,
+        )?;
+        Ok(exists)
+    }
+
+    /// Creates the RBD namespace `name` in this pool (`rbd_namespace_create`).
+    pub(crate) fn namespace_create(&self, name: &str) -> Result<(), Error> {
+        let op = "create namespace";
+        let target = format!("{}/{name}", self.pool);
+        let c_name = cstring(name, op, &target)?;
+        // SAFETY: valid ioctx and string.
+        check(
+            unsafe { ffi::rbd_namespace_create(self.handle, c_name.as_ptr()) },
+            op,
+            &target,
+        )
+        .map(drop)
+    }
+
+    /// The RBD namespaces of this pool (`rbd_namespace_list`).
+    pub(crate) fn namespace_list(&self) -> Result<Vec<String>, Error> {
+        with_buffer(
+            "list namespaces",
+            &self.pool,
+            256,
+            // SAFETY: a buffer of `len` bytes.
+            |buf, len| unsafe { ffi::rbd_namespace_list(self.handle, buf, len) },
+            |buf| {
+                nul_terminated(buf)
+                    .into_iter()
+                    .filter(|n| !n.is_empty())
+                    .collect()
+            },
+        )
     }
 
     /// The pool's ID.
