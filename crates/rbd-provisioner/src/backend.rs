@@ -13,11 +13,13 @@ use provisioner::{
     Provisioned, Provisioner, SecretRef,
 };
 
-use rbd_volume::{Claimant, Fit, Hooks, NewImage, Step};
+use rbd_volume::clusters::ClusterConfigFile;
+use rbd_volume::{Claimant, ClusterRef, Fit, Hooks, NewImage, Step};
 
 use crate::image::{Naming, Owner};
 use crate::params::{Parameters, PvSource};
 use crate::pv_build::{ANN_ADMIN_ID, ImageLocation, VolumeInputs, build_volume, image_location};
+use crate::topology::{Placement, place};
 use crate::{claim, crashpoint, monitors, secrets};
 
 /// How PV sources are chosen when the class does not say (`--pv-source`).
@@ -42,6 +44,12 @@ pub struct BackendConfig {
     pub provisioner_name: String,
     /// Bound of each Ceph operation (`--command-timeout`).
     pub op_timeout: Duration,
+    /// The cluster config (`--cluster-config`): `clusterID` names to monitors, re-read when the
+    /// file changes.
+    pub clusters: Option<Arc<ClusterConfigFile>>,
+    /// Node label keys that make up a node's topology (`--topology-labels`), for
+    /// `topologyConstrainedPools`.
+    pub topology_labels: Vec<String>,
 }
 
 /// Provisions, deletes and expands RBD images.
@@ -136,11 +144,12 @@ impl RbdBackend {
         }
     }
 
-    /// Key and monitors for acting on an existing PV's image, from the PV alone.
+    /// Location, monitors (resolved; for a `clusterID` looked up in the cluster config now),
+    /// user and key for acting on an existing PV's image, from the PV alone.
     pub(crate) async fn access_for(
         &self,
         volume: &PersistentVolume,
-    ) -> Result<(ImageLocation, String, ceph_rbd::Secret), String> {
+    ) -> Result<(ImageLocation, String, String, ceph_rbd::Secret), String> {
         let location = image_location(volume, &self.config.csi_driver).ok_or_else(|| {
             "the PV has no rbd source and no csi source of our driver".to_string()
         })?;
@@ -156,20 +165,43 @@ impl RbdBackend {
             // a PV made by the old provisioner: its class is the only record of the admin secret
             None => self.legacy_admin_secret(volume).await?,
         };
-        let monitors = monitors::resolve(&location.monitors)
+        let monitors = self
+            .monitors_of(&location.cluster)
+            .map_err(|e| format!("the PV's cluster: {e}"))?;
+        let monitors = monitors::resolve(&monitors)
             .await
             .map_err(|e| e.to_string())?;
         let key = secrets::read_key(&self.client, &secret.namespace, &secret.name)
             .await
             .map_err(|e| e.to_string())?;
-        Ok((
-            ImageLocation {
-                monitors,
-                ..location
-            },
-            admin_id,
-            key,
-        ))
+        Ok((location, monitors, admin_id, key))
+    }
+
+    /// The monitors of `cluster`: given, or for a `clusterID` as the cluster config says now.
+    pub(crate) fn monitors_of(&self, cluster: &ClusterRef) -> Result<String, String> {
+        let monitors = cluster
+            .monitors(self.config.clusters.as_deref())
+            .map_err(|e| e.to_string())?;
+        if let ClusterRef::Named(id) = cluster {
+            crate::params::parse_monitors(&monitors).map_err(|e| {
+                format!(
+                    "clusterID {id:?}: the cluster config's \"monitors\": {}",
+                    e.problem
+                )
+            })?;
+        }
+        Ok(monitors)
+    }
+
+    /// The default RADOS namespace of a `clusterID` (the cluster config's `rbd.radosNamespace`).
+    fn default_namespace(&self, cluster_id: &str) -> Option<String> {
+        self.config
+            .clusters
+            .as_deref()?
+            .lookup(cluster_id)
+            .ok()?
+            .rados_namespace
+            .filter(|ns| !ns.is_empty())
     }
 
     async fn legacy_admin_secret(
@@ -213,38 +245,48 @@ impl RbdBackend {
         params: &Parameters,
         claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
         source: &crate::sources::Resolved,
+        (class_cluster, class_monitors): (&ClusterRef, &str),
     ) -> Result<(), ProvisionError> {
         use crate::sources::Resolved;
         use rbd_volume::snapshot::{self, NewClone, SnapshotError, Source};
+        let _ = params;
         let ns = claim.metadata.namespace.as_deref().unwrap_or("default");
-        let class_monitors = params.monitors_string();
-        let (source_monitors, source_ref, source_id) = match source {
-            Resolved::Snapshot { id, handle, .. } => (
-                id.monitors.clone(),
-                Source::Snapshot {
-                    pool: &id.pool,
-                    image: &id.image,
-                },
-                handle.clone(),
-            ),
+        let (source_cluster, source_pool, source_image, source_id, is_snapshot) = match source {
+            Resolved::Snapshot { id, handle, .. } => {
+                (&id.cluster, id.pool_spec(), &id.image, handle.clone(), true)
+            }
             Resolved::Volume { location, .. } => (
-                location.monitors.clone(),
-                Source::Volume {
-                    pool: &location.pool,
-                    image: &location.image,
-                },
-                rbd_csi::volume::VolumeId::new(&location.monitors, &location.pool, &location.image)
+                &location.cluster,
+                location.pool_spec(),
+                &location.image,
+                location
+                    .volume_id()
                     .encode()
                     .map_err(ProvisionError::final_error)?,
+                false,
             ),
         };
-        if source_monitors != class_monitors {
+        // the same cluster: the same clusterID, or the same monitors (a name looked up now)
+        let same_cluster = source_cluster == class_cluster
+            || self.monitors_of(source_cluster).ok().as_deref() == Some(class_monitors);
+        if !same_cluster {
             return Err(ProvisionError::final_error(format!(
-                "the data source is on the Ceph cluster with monitors {source_monitors:?}, the \
-                 StorageClass provisions on {class_monitors:?}: a volume can only be created \
-                 from a source on the same cluster"
+                "the data source is on the Ceph cluster {source_cluster}, the StorageClass \
+                 provisions on {class_cluster}: a volume can only be created from a source on \
+                 the same cluster"
             )));
         }
+        let source_ref = if is_snapshot {
+            Source::Snapshot {
+                pool: &source_pool,
+                image: source_image,
+            }
+        } else {
+            Source::Volume {
+                pool: &source_pool,
+                image: source_image,
+            }
+        };
         crate::sources::protect(&self.client, ns, source)
             .await
             .map_err(ProvisionError::final_error)?;
@@ -310,7 +352,44 @@ impl Provisioner for RbdBackend {
         )
         .await
         .map_err(ProvisionError::final_error)?;
-        let monitors = monitors::resolve(&params.monitors_string())
+        // monitors as they go into the PV: the class's, or the cluster config's now
+        let class_cluster = match &params.cluster_id {
+            Some(id) => ClusterRef::Named(id.clone()),
+            None => ClusterRef::Monitors(params.monitors_string()),
+        };
+        let class_monitors = self.monitors_of(&class_cluster).map_err(|e| {
+            ProvisionError::final_error(format!("StorageClass parameter \"clusterID\": {e}"))
+        })?;
+        let namespace = params
+            .rados_namespace
+            .clone()
+            .or_else(|| {
+                params
+                    .cluster_id
+                    .as_deref()
+                    .and_then(|id| self.default_namespace(id))
+            })
+            .unwrap_or_default();
+        let source = self.pv_source(&params).await;
+        if source == PvSource::InTree && !namespace.is_empty() {
+            return Err(ProvisionError::final_error(format!(
+                "StorageClass parameter \"radosNamespace\": in-tree rbd PVs cannot name a RADOS \
+                 namespace (Kubernetes' RBDPersistentVolumeSource has no field for it); use \
+                 pvSource: csi for namespace {namespace:?}"
+            )));
+        }
+        let placement = place(
+            &params,
+            options.selected_node.as_ref(),
+            &self.config.topology_labels,
+        )?;
+        let (pool, data_pool) = match &placement {
+            Some(Placement {
+                pool, data_pool, ..
+            }) => (pool.clone(), data_pool.clone()),
+            None => (params.pool.clone(), params.data_pool.clone()),
+        };
+        let monitors = monitors::resolve(&class_monitors)
             .await
             .map_err(ProvisionError::final_error)?;
         let cluster = self
@@ -332,13 +411,14 @@ impl Provisioner for RbdBackend {
         let create_options = CreateOptions {
             format: Some(params.image_format),
             features: (params.image_format == 2).then_some(params.image_features),
-            data_pool: params.data_pool.clone(),
+            data_pool,
             object_size: params.object_size,
             stripe_unit: params.stripe_unit,
             stripe_count: params.stripe_count,
         };
+        let pool_spec = ceph_rbd::pool_spec(&pool, &namespace);
         let new = NewImage {
-            pool: &params.pool,
+            pool: &pool_spec,
             image: &image,
             size,
             options: &create_options,
@@ -360,16 +440,26 @@ impl Provisioner for RbdBackend {
                     .map_err(provision_error)?;
             }
             Some(source) => {
-                self.clone_from(&cluster, &new, &params, &options.claim, source)
-                    .await?;
+                self.clone_from(
+                    &cluster,
+                    &new,
+                    &params,
+                    &options.claim,
+                    source,
+                    (&class_cluster, &class_monitors),
+                )
+                .await?;
             }
         }
 
-        let source = self.pv_source(&params).await;
         let volume = build_volume(&VolumeInputs {
             params: &params,
             claim: &options.claim,
-            monitors: params.monitors_string(),
+            monitors: class_monitors,
+            cluster_id: params.cluster_id.as_deref(),
+            pool: &pool,
+            namespace: &namespace,
+            node_affinity: placement.as_ref().map(|p| &p.node_labels),
             image,
             size_bytes: size,
             source,
@@ -393,13 +483,13 @@ impl Provisioner for RbdBackend {
                 "PV {pv_name} has no RBD image source of ours"
             )));
         }
-        let (location, admin_id, key) =
+        let (location, monitors, admin_id, key) =
             self.access_for(volume).await.map_err(DeleteError::failed)?;
         let cluster = self
-            .cluster(&location.monitors, &admin_id, key)
+            .cluster(&monitors, &admin_id, key)
             .await
             .map_err(DeleteError::failed)?;
-        let (pool, image) = (&location.pool, &location.image);
+        let (pool, image) = (&location.pool_spec(), &location.image);
         let claimant = Claimant::Volume(pv_name.clone());
         // one open reads the owner record and the watchers before the removal; snapshot images
         // and clone intermediates made from this volume (CSI snapshots) are released first
@@ -450,9 +540,10 @@ impl Expander for RbdBackend {
         volume: &PersistentVolume,
         new_size_bytes: u64,
     ) -> Result<ExpandOutcome, ExpandError> {
-        let (location, admin_id, key) = self.access_for(volume).await.map_err(ExpandError::new)?;
+        let (location, monitors, admin_id, key) =
+            self.access_for(volume).await.map_err(ExpandError::new)?;
         let cluster = self
-            .cluster(&location.monitors, &admin_id, key)
+            .cluster(&monitors, &admin_id, key)
             .await
             .map_err(ExpandError::new)?;
         let size = claim::size_in_mib(new_size_bytes).ok_or_else(|| {
@@ -463,7 +554,7 @@ impl Expander for RbdBackend {
         })?;
         let grown = rbd_volume::grow(
             &cluster,
-            &location.pool,
+            &location.pool_spec(),
             &location.image,
             size,
             &CRASH_POINTS,
@@ -515,13 +606,13 @@ impl provisioner::Modifier for RbdBackend {
         let qos = rbd_volume::qos::parse(class.parameters.iter().flatten()).map_err(|e| {
             ModifyError::infeasible(format!("VolumeAttributesClass {class_name}: {e}"))
         })?;
-        let (location, admin_id, key) =
+        let (location, monitors, admin_id, key) =
             self.access_for(volume).await.map_err(ModifyError::failed)?;
         let cluster = self
-            .cluster(&location.monitors, &admin_id, key)
+            .cluster(&monitors, &admin_id, key)
             .await
             .map_err(ModifyError::failed)?;
-        match rbd_volume::qos::apply(&cluster, &location.pool, &location.image, &qos).await {
+        match rbd_volume::qos::apply(&cluster, &location.pool_spec(), &location.image, &qos).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_invalid() => Err(ModifyError::infeasible(e)),
             Err(e) => Err(ModifyError::failed(e)),

@@ -157,6 +157,25 @@ pub struct ProvisionerArgs {
     /// pod's terminationGracePeriodSeconds, 30 s by default).
     #[arg(long, default_value = "20s", value_parser = duration)]
     pub shutdown_grace_period: Duration,
+    /// Cluster config (ceph-csi's `config.json`: cluster names to monitors) for classes that name
+    /// `clusterID` instead of `monitors`; re-read when it changes.
+    #[arg(long, env = "CLUSTER_CONFIG")]
+    pub cluster_config: Option<PathBuf>,
+    /// Node label keys that make up a node's topology, comma-separated (e.g.
+    /// `topology.kubernetes.io/zone`), for classes with `topologyConstrainedPools`.
+    #[arg(long, env = "TOPOLOGY_LABELS", default_value = "", value_parser = topology_labels)]
+    pub topology_labels: TopologyLabels,
+}
+
+/// `--topology-labels`, checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopologyLabels(pub Vec<String>);
+
+fn topology_labels(text: &str) -> Result<TopologyLabels, String> {
+    if text.trim().is_empty() {
+        return Ok(TopologyLabels::default());
+    }
+    rbd_volume::topology::parse_topology_labels(text).map(TopologyLabels)
 }
 
 /// Long flags that Go's flag package let users write with one dash.
@@ -251,6 +270,20 @@ mod tests {
         assert_eq!(cli.provisioner.pv_source, SourceMode::Csi);
         assert!(!cli.provisioner.leader_elect);
         assert_eq!(cli.log.log_format, LogFormat::Json);
+        let cli = parse(&[
+            "--cluster-config",
+            "/etc/ceph-csi-config/config.json",
+            "--topology-labels",
+            "topology.kubernetes.io/zone,example.com/rack",
+        ]);
+        assert_eq!(
+            cli.provisioner.topology_labels.0,
+            ["topology.kubernetes.io/zone", "example.com/rack"]
+        );
+        assert_eq!(
+            cli.provisioner.cluster_config,
+            Some(PathBuf::from("/etc/ceph-csi-config/config.json"))
+        );
     }
 
     #[test]

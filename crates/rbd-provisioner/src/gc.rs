@@ -1,7 +1,9 @@
 //! `rbd-provisioner gc`: images that carry our owner record but whose PV no longer exists.
 //!
-//! For every StorageClass of this provisioner, the pool it provisions into is listed with the
-//! class's admin credentials. An image is an orphan when
+//! For every StorageClass of this provisioner, the pools it provisions into (its `pool` and the
+//! pools of its `topologyConstrainedPools`, inside its RADOS namespace when it has one) are
+//! listed with the class's admin credentials, on the cluster its `monitors` or `clusterID`
+//! (`--cluster-config`) names. An image is an orphan when
 //! - its owner record (made by our `--id`) names a PV that does not exist,
 //! - no PV refers to it (in-tree `rbd` or `csi` source), and
 //! - it is older than `--min-age` (default 10 min): a younger one may belong to a volume whose
@@ -38,7 +40,7 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 
 use rbd_volume::snapshot::{SnapshotDeleted, SnapshotOwner, is_internal_image};
-use rbd_volume::{Claimant, Deleted, Hooks};
+use rbd_volume::{Claimant, ClusterConfigFile, ClusterRef, Deleted, Hooks};
 
 use crate::cli::KubeArgs;
 use crate::image::{META_CLAIM, META_PROVISIONER, Owner};
@@ -75,6 +77,9 @@ pub struct GcArgs {
     /// Bound for each Ceph operation.
     #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
     pub command_timeout: Duration,
+    /// Cluster config (ceph-csi's `config.json`), for classes that name `clusterID`.
+    #[arg(long, env = "CLUSTER_CONFIG")]
+    pub cluster_config: Option<std::path::PathBuf>,
 }
 
 /// What one image is, as far as gc is concerned.
@@ -169,8 +174,9 @@ pub fn orphans(
         .collect()
 }
 
-/// `(pool, image)` of every PV with an RBD image source (in-tree, or CSI of any driver that
-/// names a pool and an image).
+/// `(pool spec, image)` of every PV with an RBD image source (in-tree, or CSI of any driver that
+/// names a pool and an image); the pool spec is `pool/namespace` for a volume in a RADOS
+/// namespace, so a name in one namespace never stands for the same name in another.
 pub fn referenced_images(volumes: &[PersistentVolume]) -> BTreeSet<(String, String)> {
     volumes
         .iter()
@@ -184,10 +190,16 @@ pub fn referenced_images(volumes: &[PersistentVolume]) -> BTreeSet<(String, Stri
             }
             let csi = spec.csi.as_ref()?;
             if let Ok(id) = rbd_csi::volume::VolumeId::parse(&csi.volume_handle) {
-                return Some((id.pool, id.image));
+                return Some((id.pool_spec(), id.image));
             }
             let attrs = csi.volume_attributes.as_ref()?;
-            Some((attrs.get("pool")?.clone(), attrs.get("imageName")?.clone()))
+            let namespace = attrs
+                .get(crate::pv_build::ATTR_NAMESPACE)
+                .map_or("", String::as_str);
+            Some((
+                ceph_rbd::pool_spec(attrs.get("pool")?, namespace),
+                attrs.get("imageName")?.clone(),
+            ))
         })
         .collect()
 }
@@ -211,11 +223,19 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
             .include_unrecorded
             .then_some(args.image_name_prefix.as_str()),
     };
+    let clusters = match &args.cluster_config {
+        Some(path) => Some(
+            ClusterConfigFile::open(path.clone())
+                .map_err(|e| anyhow::anyhow!("--cluster-config: {e}"))?,
+        ),
+        None => None,
+    };
     let scanned = scan(
         &client,
         &args.provisioner_name,
         &rules,
         args.command_timeout,
+        clusters.as_ref(),
     )
     .await?;
     if scanned.unknown > 0 {
@@ -340,7 +360,9 @@ struct Scanned {
     unknown: usize,
 }
 
-/// One scanned pool: its connection, every image name, the facts of those no PV refers to.
+/// One scanned pool (a pool spec: `pool` or `pool/namespace`; a namespace is listed on its own,
+/// so gc never sees, let alone removes, an image of another namespace): its connection, every
+/// image name, the facts of those no PV refers to.
 struct PoolScan {
     pool: String,
     cluster: std::sync::Arc<ceph_rbd::Cluster>,
@@ -353,6 +375,7 @@ async fn scan(
     provisioner_name: &str,
     rules: &Rules<'_>,
     timeout: Duration,
+    clusters: Option<&ClusterConfigFile>,
 ) -> anyhow::Result<Scanned> {
     let classes: Api<StorageClass> = Api::all(client.clone());
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
@@ -378,7 +401,47 @@ async fn scan(
                 continue;
             }
         };
-        if !seen.insert((params.monitors_string(), params.pool.clone())) {
+        let cluster_ref = match &params.cluster_id {
+            Some(id) => ClusterRef::Named(id.clone()),
+            None => ClusterRef::Monitors(params.monitors_string()),
+        };
+        let info = match &params.cluster_id {
+            Some(id) => match clusters.map(|c| c.lookup(id)) {
+                Some(Ok(info)) => Some(info),
+                Some(Err(e)) => {
+                    eprintln!("skipping StorageClass {class_name}: {e}");
+                    continue;
+                }
+                None => {
+                    eprintln!(
+                        "skipping StorageClass {class_name}: it names clusterID {id:?}; give \
+                         --cluster-config"
+                    );
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let monitors = match &info {
+            Some(info) => info.monitor_list(),
+            None => params.monitors_string(),
+        };
+        let namespace = params
+            .rados_namespace
+            .clone()
+            .or_else(|| info.and_then(|i| i.rados_namespace))
+            .unwrap_or_default();
+        // every pool the class can put volumes in: its pool and its per-topology pools
+        let mut class_pools = vec![params.pool.clone()];
+        for p in params.topology_pools.iter().flatten() {
+            class_pools.push(p.pool.clone());
+        }
+        let specs: Vec<String> = class_pools
+            .iter()
+            .map(|pool| ceph_rbd::pool_spec(pool, &namespace))
+            .filter(|spec| seen.insert((cluster_ref.clone(), spec.clone())))
+            .collect();
+        if specs.is_empty() {
             continue;
         }
         let key = crate::secrets::read_key(
@@ -387,12 +450,14 @@ async fn scan(
             &params.admin_secret_name,
         )
         .await?;
-        let monitors = crate::monitors::resolve(&params.monitors_string()).await?;
+        let monitors = crate::monitors::resolve(&monitors).await?;
         let cfg = ClusterConfig::new(monitors, &params.admin_id, key)
             .with_op_timeout(timeout)
             .with_connect_timeout(timeout);
         let cluster = ceph.get(&cfg).await?;
-        pools.push(scan_pool(cluster, params.pool, &referenced).await?);
+        for spec in specs {
+            pools.push(scan_pool(cluster.clone(), spec, &referenced).await?);
+        }
     }
     let names = pools
         .iter()

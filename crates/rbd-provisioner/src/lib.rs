@@ -25,3 +25,4 @@ pub mod secrets;
 pub mod snapshotter;
 pub mod sources;
 pub mod throttle;
+pub mod topology;

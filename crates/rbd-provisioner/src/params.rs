@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use ceph_rbd::Features;
+use rbd_volume::topology::ConstrainedPool;
 
 /// Features used when a class names none: fast deletes and diffs (object map), and mappable by
 /// the kernel client since Linux 5.3. Classes for older kernels set `imageFeatures: layering`.
@@ -34,8 +35,16 @@ impl PvSource {
 /// Parsed class parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Parameters {
-    /// Monitor addresses as given (`host:port`).
+    /// Monitor addresses as given (`host:port`); empty when the class names `clusterID`.
     pub monitors: Vec<String>,
+    /// The cluster of the cluster config (`--cluster-config`) the class names instead of
+    /// `monitors`; its monitors are looked up at use time.
+    pub cluster_id: Option<String>,
+    /// `topologyConstrainedPools`: per-domain pools, chosen from the selected node's labels.
+    pub topology_pools: Option<Vec<ConstrainedPool>>,
+    /// `radosNamespace`: the RADOS namespace of the pool the images go to (CSI PVs only). `None`:
+    /// the cluster config's default for a `clusterID` class, else the pool's default namespace.
+    pub rados_namespace: Option<String>,
     pub admin_id: String,
     pub admin_secret_name: String,
     pub admin_secret_namespace: String,
@@ -75,6 +84,9 @@ fn err(key: &str, problem: impl Into<String>) -> ParameterError {
 /// Canonical names of every accepted key (lower-case lookup -> canonical).
 const KEYS: &[&str] = &[
     "monitors",
+    "clusterID",
+    "topologyConstrainedPools",
+    "radosNamespace",
     "adminId",
     "adminSecretName",
     "adminSecretNamespace",
@@ -214,15 +226,49 @@ impl Parameters {
         let key_of = |k: &'static str| p.get(k).map_or(k.to_string(), |(orig, _)| orig.clone());
         let non_empty = |k: &str| get(k).filter(|v| !v.is_empty());
 
-        let monitors = match get("monitors") {
-            Some(v) if !v.is_empty() => parse_monitors(&v)?,
-            _ => {
+        let (monitors, cluster_id) = match (get("monitors"), p.get("clusterID")) {
+            (Some(v), None) if !v.is_empty() => (parse_monitors(&v)?, None),
+            (None | Some(_), None) => {
                 return Err(err(
                     "monitors",
-                    "is required (a comma-separated host:port list)",
+                    "is required (a comma-separated host:port list), or \"clusterID\" naming a \
+                     cluster of the provisioner's --cluster-config",
                 ));
             }
+            (monitors, Some((id_key, id))) => {
+                if monitors.is_some_and(|m| !m.is_empty()) {
+                    return Err(err(
+                        id_key,
+                        "give either \"monitors\" or \"clusterID\", not both (clusterID looks \
+                         the monitors up in the provisioner's --cluster-config)",
+                    ));
+                }
+                match rbd_volume::clusters::cluster_ref(None, Some(id.as_str())) {
+                    Ok(rbd_volume::clusters::ClusterRef::Named(name)) => (Vec::new(), Some(name)),
+                    Ok(rbd_volume::clusters::ClusterRef::Monitors(_)) => {
+                        return Err(err(id_key, "is empty"));
+                    }
+                    Err(problem) => return Err(err(id_key, problem)),
+                }
+            }
         };
+        let topology_pools = get(rbd_volume::topology::PARAMETER)
+            .map(|v| {
+                rbd_volume::topology::parse_constrained_pools(&v)
+                    .map_err(|e| err(&key_of(rbd_volume::topology::PARAMETER), e))
+            })
+            .transpose()?;
+        let rados_namespace = non_empty("radosNamespace");
+        if let Some(ns) = &rados_namespace
+            && ns
+                .chars()
+                .any(|c| c == '/' || c == ',' || c == '@' || c.is_whitespace())
+        {
+            return Err(err(
+                &key_of("radosNamespace"),
+                format!("{ns:?} may not contain '/', ',', '@' or whitespace"),
+            ));
+        }
         let admin_id = non_empty("adminId").unwrap_or_else(|| "admin".into());
         let Some(admin_secret_name) = non_empty("adminSecretName") else {
             return Err(err(
@@ -320,6 +366,9 @@ impl Parameters {
         }
         Ok(Parameters {
             monitors,
+            cluster_id,
+            topology_pools,
+            rados_namespace,
             admin_id,
             admin_secret_name,
             admin_secret_namespace,

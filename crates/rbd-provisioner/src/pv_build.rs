@@ -7,11 +7,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec,
-    RBDPersistentVolumeSource, SecretReference,
+    CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, RBDPersistentVolumeSource,
+    SecretReference, VolumeNodeAffinity,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use rbd_csi::volume::VolumeId;
+use rbd_volume::ClusterRef;
 
 use crate::params::{Parameters, PvSource};
 
@@ -20,14 +24,31 @@ use crate::params::{Parameters, PvSource};
 pub const ANN_ADMIN_ID: &str = "provisioner.ceph.com/admin-id";
 /// The old provisioner's annotation, kept for tools that look for it.
 pub const ANN_LEGACY_IDENTITY: &str = "rbdProvisionerIdentity";
+/// Annotation naming the cluster of the cluster config (`clusterID`) the volume was made on:
+/// delete, expand and modify look its monitors up again, so edited monitors strand nothing.
+pub const ANN_CLUSTER_ID: &str = "provisioner.ceph.com/cluster-id";
+/// CSI volume attribute naming the cluster (ceph-csi's name for it).
+pub const ATTR_CLUSTER_ID: &str = "clusterID";
+/// CSI volume attribute naming the RADOS namespace (ceph-csi's name for it).
+pub const ATTR_NAMESPACE: &str = "radosNamespace";
 
 /// What the PV is built from.
 #[derive(Clone, Debug)]
 pub struct VolumeInputs<'a> {
     pub params: &'a Parameters,
     pub claim: &'a PersistentVolumeClaim,
-    /// Monitors as they go into the PV (as the class gave them).
+    /// Monitors as they go into the PV (as the class gave them, or as the cluster config said
+    /// when the volume was made).
     pub monitors: String,
+    /// The class's `clusterID`, recorded on the PV.
+    pub cluster_id: Option<&'a str>,
+    /// The pool the image is in (the class's, or the one `topologyConstrainedPools` chose).
+    pub pool: &'a str,
+    /// RADOS namespace (empty: the default one); CSI PVs only.
+    pub namespace: &'a str,
+    /// Node label keys and values the PV is restricted to (`nodeAffinity`), from the topology
+    /// segments of the chosen pool.
+    pub node_affinity: Option<&'a BTreeMap<String, String>>,
     pub image: String,
     pub size_bytes: u64,
     pub source: PvSource,
@@ -62,11 +83,19 @@ pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, Strin
         ..Default::default()
     };
     match inputs.source {
+        PvSource::InTree if !inputs.namespace.is_empty() => {
+            return Err(format!(
+                "StorageClass parameter \"radosNamespace\": in-tree rbd PVs cannot name a RADOS \
+                 namespace (Kubernetes' RBDPersistentVolumeSource has no field for it); use \
+                 pvSource: csi for namespace {:?}",
+                inputs.namespace
+            ));
+        }
         PvSource::InTree => {
             spec.rbd = Some(RBDPersistentVolumeSource {
                 monitors: inputs.monitors.split(',').map(str::to_string).collect(),
                 image: inputs.image.clone(),
-                pool: Some(p.pool.clone()),
+                pool: Some(inputs.pool.to_string()),
                 fs_type: p.fs_type.clone(),
                 user: Some(p.user_id.clone()),
                 secret_ref: user_secret,
@@ -74,17 +103,27 @@ pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, Strin
             });
         }
         PvSource::Csi => {
-            let handle = rbd_csi::volume::VolumeId::new(&inputs.monitors, &p.pool, &inputs.image)
+            let cluster = match inputs.cluster_id {
+                Some(id) => ClusterRef::Named(id.to_string()),
+                None => ClusterRef::Monitors(inputs.monitors.clone()),
+            };
+            let handle = VolumeId::located(cluster, inputs.pool, inputs.namespace, &inputs.image)
                 .encode()?;
             use rbd_csi::volume::context;
             let mut attributes = BTreeMap::from([
                 (context::MONITORS.to_string(), inputs.monitors.clone()),
-                (context::POOL.to_string(), p.pool.clone()),
+                (context::POOL.to_string(), inputs.pool.to_string()),
                 (context::IMAGE.to_string(), inputs.image.clone()),
                 (context::USER.to_string(), p.user_id.clone()),
             ]);
             if let Some(m) = &p.mounter {
                 attributes.insert(context::MOUNTER.to_string(), m.clone());
+            }
+            if let Some(id) = inputs.cluster_id {
+                attributes.insert(ATTR_CLUSTER_ID.to_string(), id.to_string());
+            }
+            if !inputs.namespace.is_empty() {
+                attributes.insert(ATTR_NAMESPACE.to_string(), inputs.namespace.to_string());
             }
             let admin_secret = SecretReference {
                 name: Some(p.admin_secret_name.clone()),
@@ -101,12 +140,17 @@ pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, Strin
             });
         }
     }
+    spec.node_affinity = inputs.node_affinity.map(node_affinity);
+    let mut annotations = BTreeMap::from([
+        (ANN_ADMIN_ID.to_string(), p.admin_id.clone()),
+        (ANN_LEGACY_IDENTITY.to_string(), inputs.identity.to_string()),
+    ]);
+    if let Some(id) = inputs.cluster_id {
+        annotations.insert(ANN_CLUSTER_ID.to_string(), id.to_string());
+    }
     Ok(PersistentVolume {
         metadata: ObjectMeta {
-            annotations: Some(BTreeMap::from([
-                (ANN_ADMIN_ID.to_string(), p.admin_id.clone()),
-                (ANN_LEGACY_IDENTITY.to_string(), inputs.identity.to_string()),
-            ])),
+            annotations: Some(annotations),
             ..Default::default()
         },
         spec: Some(spec),
@@ -114,29 +158,82 @@ pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, Strin
     })
 }
 
+/// A required node affinity: one term matching every label key to its value.
+fn node_affinity(labels: &BTreeMap<String, String>) -> VolumeNodeAffinity {
+    VolumeNodeAffinity {
+        required: Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(
+                    labels
+                        .iter()
+                        .map(|(key, value)| NodeSelectorRequirement {
+                            key: key.clone(),
+                            operator: "In".into(),
+                            values: Some(vec![value.clone()]),
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }],
+        }),
+    }
+}
+
 /// Where a PV's image lives, read back from its source (for delete and expand).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageLocation {
-    pub monitors: String,
+    /// The cluster: the monitors the PV records, or the `clusterID` it was made through (its
+    /// monitors are looked up in the cluster config at use time, so edited monitors strand
+    /// nothing).
+    pub cluster: ClusterRef,
     pub pool: String,
+    /// RADOS namespace; empty for the default one.
+    pub namespace: String,
     pub image: String,
+}
+
+impl ImageLocation {
+    /// `pool` or `pool/namespace`, what the volume core's calls take.
+    pub fn pool_spec(&self) -> String {
+        ceph_rbd::pool_spec(&self.pool, &self.namespace)
+    }
+
+    /// The CSI volume ID of this image.
+    pub fn volume_id(&self) -> VolumeId {
+        VolumeId::located(
+            self.cluster.clone(),
+            &self.pool,
+            &self.namespace,
+            &self.image,
+        )
+    }
 }
 
 /// Reads the image location from an in-tree `rbd` source, or a `csi` source of `csi_driver`.
 pub fn image_location(volume: &PersistentVolume, csi_driver: &str) -> Option<ImageLocation> {
     let spec = volume.spec.as_ref()?;
     if let Some(rbd) = &spec.rbd {
+        let cluster_id = volume
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANN_CLUSTER_ID));
         return Some(ImageLocation {
-            monitors: rbd.monitors.join(","),
+            cluster: match cluster_id {
+                Some(id) => ClusterRef::Named(id.clone()),
+                None => ClusterRef::Monitors(rbd.monitors.join(",")),
+            },
             pool: rbd.pool.clone().unwrap_or_else(|| "rbd".into()),
+            namespace: String::new(),
             image: rbd.image.clone(),
         });
     }
     let csi = spec.csi.as_ref().filter(|c| c.driver == csi_driver)?;
-    let id = rbd_csi::volume::VolumeId::parse(&csi.volume_handle).ok()?;
+    let id = VolumeId::parse(&csi.volume_handle).ok()?;
     Some(ImageLocation {
-        monitors: id.monitors,
+        cluster: id.cluster,
         pool: id.pool,
+        namespace: id.namespace,
         image: id.image,
     })
 }
@@ -187,6 +284,10 @@ mod tests {
             params: p,
             claim: c,
             monitors: p.monitors_string(),
+            cluster_id: None,
+            pool: &p.pool,
+            namespace: "",
+            node_affinity: None,
             image: "kubernetes-dynamic-pvc-abc".into(),
             size_bytes: 1 << 30,
             source,
@@ -260,8 +361,9 @@ mod tests {
         assert_eq!(
             loc,
             ImageLocation {
-                monitors: "10.0.0.1:6789".into(),
+                cluster: ClusterRef::Monitors("10.0.0.1:6789".into()),
                 pool: "kube".into(),
+                namespace: String::new(),
                 image: "kubernetes-dynamic-pvc-abc".into()
             }
         );

@@ -21,6 +21,13 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         .id
         .clone()
         .unwrap_or_else(|| args.provisioner_name.clone());
+    let clusters = match &args.cluster_config {
+        Some(path) => Some(Arc::new(
+            rbd_volume::clusters::ClusterConfigFile::open(path.clone())
+                .map_err(|e| anyhow::anyhow!("--cluster-config: {e}"))?,
+        )),
+        None => None,
+    };
     let backend = RbdBackend::new(
         client.clone(),
         ConnectionPool::new(PoolOptions::default()),
@@ -34,6 +41,8 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
             csi_driver: args.csi_driver_name.clone(),
             provisioner_name: args.provisioner_name.clone(),
             op_timeout: args.command_timeout,
+            clusters,
+            topology_labels: args.topology_labels.0.clone(),
         },
     );
 

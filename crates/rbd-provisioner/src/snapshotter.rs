@@ -365,7 +365,7 @@ impl Snapshotter {
         }
         crashpoint::hit("before-snapshot-create");
         let (user, key) = self.credentials(content, Some(volume_handle)).await?;
-        let cluster = self.cluster(&source.monitors, &user, key).await?;
+        let cluster = self.cluster(&source.cluster, &user, key).await?;
         let image = snapshot::snapshot_image_name(&request);
         let owner = SnapshotOwner {
             name: request.clone(),
@@ -375,7 +375,7 @@ impl Snapshotter {
         let snap = snapshot::create_snapshot(
             &cluster,
             &snapshot::NewSnapshot {
-                pool: &source.pool,
+                pool: &source.pool_spec(),
                 source_image: &source.image,
                 image: &image,
                 owner: &owner,
@@ -387,9 +387,14 @@ impl Snapshotter {
             message: e.to_string(),
         })?;
         crashpoint::hit("after-snapshot-create");
-        let handle = SnapshotId::new(&source.monitors, &snap.pool, &snap.image)
-            .encode()
-            .map_err(Failure::new)?;
+        let handle = SnapshotId::located(
+            source.cluster.clone(),
+            &source.pool,
+            &source.namespace,
+            &snap.image,
+        )
+        .encode()
+        .map_err(Failure::new)?;
         self.ready(&name, &handle, &snap).await?;
         tracing::info!(content = %name, snapshot_handle = %handle, "snapshot ready");
         Ok(handle)
@@ -427,8 +432,8 @@ impl Snapshotter {
         let id = SnapshotId::parse(handle)
             .map_err(|e| Failure::new(format!("spec.source.snapshotHandle {handle:?}: {e}")))?;
         let (user, key) = self.credentials(content, None).await?;
-        let cluster = self.cluster(&id.monitors, &user, key).await?;
-        let snap = snapshot::find_snapshot(&cluster, &id.pool, &id.image)
+        let cluster = self.cluster(&id.cluster, &user, key).await?;
+        let snap = snapshot::find_snapshot(&cluster, &id.pool_spec(), &id.image)
             .await
             .map_err(|e| Failure::new(e.to_string()))?
             .ok_or_else(|| {
@@ -476,11 +481,12 @@ impl Snapshotter {
 
     async fn cluster(
         &self,
-        monitors: &str,
+        cluster: &rbd_volume::ClusterRef,
         user: &str,
         key: ceph_rbd::Secret,
     ) -> Result<Arc<ceph_rbd::Cluster>, Failure> {
-        let monitors = monitors::resolve(monitors)
+        let monitors = self.backend.monitors_of(cluster).map_err(Failure::new)?;
+        let monitors = monitors::resolve(&monitors)
             .await
             .map_err(|e| Failure::new(e.to_string()))?;
         self.backend
@@ -517,7 +523,7 @@ impl Snapshotter {
                     .and_then(|s| s.csi.as_ref())
                     .is_some_and(|c| c.volume_handle == handle)
             }) {
-                let (_, user, key) = self.backend.access_for(pv).await.map_err(Failure::new)?;
+                let (_, _, user, key) = self.backend.access_for(pv).await.map_err(Failure::new)?;
                 return Ok((user, key));
             }
         }
@@ -654,9 +660,9 @@ impl Snapshotter {
         };
         let volume_handle = str_at(&content.data, "/spec/source/volumeHandle");
         let (user, key) = self.credentials(content, volume_handle).await?;
-        let cluster = self.cluster(&id.monitors, &user, key).await?;
+        let cluster = self.cluster(&id.cluster, &user, key).await?;
         crashpoint::hit("before-snapshot-delete");
-        let deleted = snapshot::delete_snapshot(&cluster, &id.pool, &id.image)
+        let deleted = snapshot::delete_snapshot(&cluster, &id.pool_spec(), &id.image)
             .await
             .map_err(|e| Failure::new(e.to_string()))?;
         crashpoint::hit("after-snapshot-delete");
