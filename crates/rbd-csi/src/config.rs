@@ -1,7 +1,11 @@
 //! [`CsiConfig`]: what [`crate::serve`] serves and how. Every field has a documented default
 //! ([`CsiConfig::default`]).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use rbd_volume::clusters::ClusterConfigFile;
 
 use crate::mapper::MounterKind;
 use crate::node::NodeConfig;
@@ -104,6 +108,18 @@ pub struct CsiConfig {
     /// Monitors used by CreateVolume/GetCapacity when the parameters name none. Default `None`
     /// (the `monitors` parameter is then required).
     pub default_monitors: Option<String>,
+    /// The cluster config (ceph-csi's `config.json`: `clusterID` to monitors and a default
+    /// `radosNamespace`), re-read when it changes; the controller resolves `clusterID` parameters
+    /// and IDs with it, the node the `clusterID` of the volumes it stages. Default `None`.
+    pub cluster_config: Option<Arc<ClusterConfigFile>>,
+    /// Node labels whose values are the node's topology (`--topology-labels`). Non-empty: the
+    /// plugin advertises `VOLUME_ACCESSIBILITY_CONSTRAINTS` (so the external-provisioner passes
+    /// `accessibility_requirements`). Default none (no topology).
+    pub topology_labels: Vec<String>,
+    /// This node's topology as `NodeGetInfo` reports it: `topology.<driver name>/<domain>` to the
+    /// node's value of each of `topology_labels` ([`rbd_volume::topology::node_topology`]).
+    /// Default empty.
+    pub node_topology: BTreeMap<String, String>,
 }
 
 impl Default for CsiConfig {
@@ -120,6 +136,9 @@ impl Default for CsiConfig {
             registration: None,
             probe: None,
             default_monitors: None,
+            cluster_config: None,
+            topology_labels: Vec::new(),
+            node_topology: BTreeMap::new(),
         }
     }
 }
@@ -164,6 +183,8 @@ impl CsiConfig {
             runtime_dir: self.runtime_dir.clone(),
             krbd_map_options: self.krbd_map_options.clone(),
             max_volumes_per_node: self.max_volumes_per_node,
+            cluster_config: self.cluster_config.clone(),
+            topology: self.node_topology.clone(),
         }
     }
 }

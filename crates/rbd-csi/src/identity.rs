@@ -20,6 +20,8 @@ pub struct IdentityService {
     name: String,
     vendor_version: String,
     probe: Option<Arc<dyn ReadinessProbe>>,
+    /// Whether `VOLUME_ACCESSIBILITY_CONSTRAINTS` is advertised.
+    topology: bool,
 }
 
 impl std::fmt::Debug for IdentityService {
@@ -28,6 +30,7 @@ impl std::fmt::Debug for IdentityService {
             .field("name", &self.name)
             .field("vendor_version", &self.vendor_version)
             .field("probe", &self.probe.is_some())
+            .field("topology", &self.topology)
             .finish()
     }
 }
@@ -41,7 +44,17 @@ impl IdentityService {
             name: name.into(),
             vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
             probe: None,
+            topology: false,
         }
+    }
+
+    /// Advertises `VOLUME_ACCESSIBILITY_CONSTRAINTS` (topology is configured): only then, since
+    /// the external-provisioner refuses `WaitForFirstConsumer` claims on nodes that report no
+    /// topology once a driver advertises it.
+    #[must_use]
+    pub fn with_topology(mut self, topology: bool) -> Self {
+        self.topology = topology;
+        self
     }
 
     /// Makes Probe report `probe`'s answer.
@@ -70,7 +83,7 @@ impl Identity for IdentityService {
         _request: Request<csi::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
         use plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
-        let capabilities = vec![
+        let mut capabilities = vec![
             csi::PluginCapability {
                 r#type: Some(Type::Service(Service {
                     r#type: service::Type::ControllerService as i32,
@@ -87,6 +100,13 @@ impl Identity for IdentityService {
                 })),
             },
         ];
+        if self.topology {
+            capabilities.push(csi::PluginCapability {
+                r#type: Some(Type::Service(Service {
+                    r#type: service::Type::VolumeAccessibilityConstraints as i32,
+                })),
+            });
+        }
         Ok(Response::new(csi::GetPluginCapabilitiesResponse {
             capabilities,
         }))

@@ -160,7 +160,8 @@ pub async fn serve(
 }
 
 fn identity_service(config: &CsiConfig) -> IdentityService {
-    let identity = IdentityService::new(config.driver_name.clone());
+    let identity = IdentityService::new(config.driver_name.clone())
+        .with_topology(!config.topology_labels.is_empty());
     match &config.probe {
         Some(probe) => identity.with_probe(crate::controller::probe(probe)),
         None => identity,

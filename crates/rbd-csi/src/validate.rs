@@ -57,6 +57,14 @@ pub fn namespace(field: &str, value: &str) -> Result<(), String> {
     }
 }
 
+/// A `clusterID` of the cluster config (it becomes part of volume IDs).
+///
+/// # Errors
+/// A message naming `field`.
+pub fn cluster_id(field: &str, value: &str) -> Result<(), String> {
+    name(field, value)
+}
+
 /// A Ceph user id without the `client.` prefix.
 ///
 /// # Errors

@@ -3,9 +3,11 @@
 //! Volume IDs, image names and size limits are the volume core's ([`rbd_volume`]), shared with
 //! the built-in provisioner, re-exported here:
 //!
-//! **Volume ID** `v1/<monitors>/<pool>/<image>` ([`VolumeId`]), e.g.
-//! `v1/10.0.0.1:6789,10.0.0.2:6789/kube/pvc-2f1c...`. The ID alone (plus the secrets of the call)
-//! is enough to find the image, which `DeleteVolume` and `ControllerExpandVolume` rely on.
+//! **Volume ID** `v1/<monitors>/<pool>[/<namespace>]/<image>` or
+//! `v2/<clusterID>/<pool>[/<namespace>]/<image>` ([`VolumeId`], see [`rbd_volume::id`]), e.g.
+//! `v1/10.0.0.1:6789,10.0.0.2:6789/kube/pvc-2f1c...`. The ID alone (plus the secrets of the call
+//! and, for a `v2` ID, the cluster config) is enough to find the image, which `DeleteVolume` and
+//! `ControllerExpandVolume` rely on.
 //!
 //! **Image name** ([`image_name`]): the `CreateVolume` name itself when it is a safe RBD image
 //! name (the external-provisioner's `pvc-<uid>` always is), else `csi-vol-` + the first 32 hex
@@ -19,10 +21,15 @@ pub use rbd_volume::size::{MAX_SIZE, MAX_SIZE_TEXT, MIB};
 
 /// `volume_context` keys the controller sets and the node reads.
 pub mod context {
-    /// Comma-separated `host:port` monitor list.
+    /// Comma-separated `host:port` monitor list (volumes of a class that names monitors).
     pub const MONITORS: &str = "monitors";
+    /// The cluster config's name of the cluster (volumes of a `clusterID` class, instead of
+    /// `monitors`: the node looks the monitors up when it stages, so they may change).
+    pub const CLUSTER_ID: &str = "clusterID";
     /// The pool holding the image.
     pub const POOL: &str = "pool";
+    /// The RADOS namespace holding the image (absent: the default one).
+    pub const NAMESPACE: &str = "radosNamespace";
     /// The RBD image name.
     pub const IMAGE: &str = "imageName";
     /// The Ceph user nodes map with (without `client.`).

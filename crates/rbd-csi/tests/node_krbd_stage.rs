@@ -60,6 +60,8 @@ esac
             runtime_dir: root.join("run"),
             krbd_map_options: None,
             max_volumes_per_node: 0,
+            cluster_config: None,
+            topology: Default::default(),
         },
         vec![krbd],
     )

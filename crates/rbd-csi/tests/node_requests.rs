@@ -343,6 +343,8 @@ async fn concurrent_calls_on_one_volume_are_aborted_other_volumes_proceed() {
             runtime_dir: dir.path().join("run"),
             krbd_map_options: None,
             max_volumes_per_node: 0,
+            cluster_config: None,
+            topology: Default::default(),
         },
         vec![Arc::new(GateMapper {
             entered: Arc::clone(&entered),

@@ -1,10 +1,17 @@
 //! `rbd-provisioner csi`: the CSI driver services.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use k8s_openapi::api::core::v1::Node;
 use rbd_csi::{CsiConfig, MounterKind, ProbeCluster, RegistrationConfig, Services};
+use rbd_volume::clusters::{ClusterConfigFile, DEFAULT_PATH};
+use rbd_volume::topology;
+
+use crate::cli::KubeArgs;
 
 #[derive(Args, Debug, Clone)]
 pub struct CsiArgs {
@@ -47,6 +54,52 @@ pub struct CsiArgs {
     /// File holding that user's key (e.g. a mounted Secret; never pass keys on the command line).
     #[arg(long)]
     pub probe_key_file: Option<PathBuf>,
+    /// Cluster config (ceph-csi's `config.json`: `clusterID` to monitors and a default
+    /// `rbd.radosNamespace`), re-read when it changes. Default: /etc/ceph-csi-config/config.json
+    /// if that file exists.
+    #[arg(long, env = "CLUSTER_CONFIG")]
+    pub cluster_config: Option<PathBuf>,
+    /// Node label keys that make up the node's topology, comma-separated (e.g.
+    /// `topology.kubernetes.io/zone`). Enables topology: the node service reports the node's
+    /// values as `topology.<driver name>/<domain>` (read from its Node object through the
+    /// Kubernetes API at startup), and the plugin advertises VOLUME_ACCESSIBILITY_CONSTRAINTS.
+    /// Give it to the controller too.
+    #[arg(long, env = "TOPOLOGY_LABELS", default_value = "")]
+    pub topology_labels: String,
+    /// Kubernetes API access, used only to read this node's labels for --topology-labels.
+    #[command(flatten)]
+    pub kube: KubeArgs,
+}
+
+/// `--cluster-config`, or ceph-csi's default path when a file is there; opened and parsed.
+fn cluster_config(given: Option<&Path>) -> anyhow::Result<Option<Arc<ClusterConfigFile>>> {
+    let path = match given {
+        Some(path) => path.to_path_buf(),
+        None if Path::new(DEFAULT_PATH).exists() => PathBuf::from(DEFAULT_PATH),
+        None => return Ok(None),
+    };
+    let file =
+        ClusterConfigFile::open(&path).map_err(|e| anyhow::anyhow!("--cluster-config: {e}"))?;
+    tracing::info!(path = %path.display(), "cluster config loaded");
+    Ok(Some(Arc::new(file)))
+}
+
+/// This node's topology segments from its labels, read once through the Kubernetes API.
+async fn node_topology(
+    args: &CsiArgs,
+    node: &str,
+    labels: &[String],
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let client = crate::kube_client::client(&args.kube).await?;
+    let api: kube::Api<Node> = kube::Api::all(client);
+    let object = api
+        .get(node)
+        .await
+        .with_context(|| format!("reading Node {node:?} for --topology-labels"))?;
+    let node_labels = object.metadata.labels.unwrap_or_default();
+    let prefix = format!("topology.{}", args.driver_name);
+    topology::node_topology(node, labels, &node_labels, &prefix)
+        .map_err(|e| anyhow::anyhow!("--topology-labels: {e}"))
 }
 
 /// Serves until SIGTERM/SIGINT.
@@ -65,6 +118,17 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         (None, Some(_)) => anyhow::bail!("--probe-key-file needs --monitors"),
         _ => None,
     };
+    let cluster_config = cluster_config(args.cluster_config.as_deref())?;
+    let topology_labels =
+        topology::parse_topology_labels(&args.topology_labels).map_err(anyhow::Error::msg)?;
+    let node_id = args.node_id.clone().unwrap_or(defaults.node_id.clone());
+    let node_topology = if topology_labels.is_empty() || !args.services.node() {
+        BTreeMap::new()
+    } else {
+        let topology = node_topology(&args, &node_id, &topology_labels).await?;
+        tracing::info!(node = %node_id, ?topology, "node topology");
+        topology
+    };
     let endpoint = PathBuf::from(
         args.endpoint
             .strip_prefix("unix://")
@@ -74,7 +138,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         endpoint,
         driver_name: args.driver_name,
         services: args.services,
-        node_id: args.node_id.unwrap_or(defaults.node_id.clone()),
+        node_id,
         default_mounter: args.default_mounter,
         runtime_dir: args.runtime_dir,
         registration: args.register.then_some(RegistrationConfig {
@@ -83,6 +147,9 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         }),
         default_monitors: args.monitors,
         probe,
+        cluster_config,
+        topology_labels,
+        node_topology,
         ..defaults
     };
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, "starting CSI driver");

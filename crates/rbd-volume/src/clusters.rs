@@ -340,10 +340,40 @@ impl ClusterConfigFile {
 }
 
 /// Where a class's volumes live: monitors given directly, or a cluster of the config.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ClusterRef {
+    /// Comma-separated monitor addresses.
     Monitors(String),
+    /// A `clusterID` of the cluster config.
     Named(String),
+}
+
+impl ClusterRef {
+    /// The monitors to connect to: given, or looked up in `config` now (so edited monitors take
+    /// effect on the next call).
+    ///
+    /// # Errors
+    /// A name unknown to the config, a cluster without monitors, or a name with no config given
+    /// ([`LookupError::NoConfig`]).
+    pub fn monitors(&self, config: Option<&ClusterConfigFile>) -> Result<String, LookupError> {
+        match (self, config) {
+            (Self::Monitors(m), _) => Ok(m.clone()),
+            (Self::Named(name), Some(config)) => config.lookup(name).map(|c| c.monitor_list()),
+            (Self::Named(name), None) => Err(LookupError::NoConfig {
+                cluster: name.clone(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for ClusterRef {
+    /// The monitors, or `clusterID <name>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Monitors(m) => f.write_str(m),
+            Self::Named(name) => write!(f, "clusterID {name}"),
+        }
+    }
 }
 
 /// The StorageClass parameters `monitors` and `clusterID`: exactly one of them.

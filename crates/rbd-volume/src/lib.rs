@@ -11,7 +11,12 @@
 //!
 //! - [`naming`]: deterministic image names (the provisioner's `<prefix><claim uid>`, CSI request
 //!   names), so a retried create finds the image it made;
-//! - [`id`]: volume IDs `v1/<monitors>/<pool>/<image>` that locate an image without a journal;
+//! - [`id`]: volume IDs (`v1/<monitors>/<pool>[/<namespace>]/<image>`, `v2/<clusterID>/...`) that
+//!   locate an image without a journal;
+//!
+//! **Pools and namespaces**: every `pool` argument here is a `ceph_rbd` pool spec, `pool` or
+//! `pool/namespace` ([`ceph_rbd::namespace`]), so each operation works inside a RADOS namespace
+//! and never sees another's images; IDs carry the namespace ([`VolumeId::pool_spec`]).
 //! - [`owner`]: the owner record kept in image metadata (`provisioner.ceph.com/{pv,claim,provisioner}`);
 //! - [`lifecycle`]: create (and repair a half-created image), grow, delete with the owner and
 //!   watcher checks, with crash-point [`Hooks`] the binary passes in;
@@ -38,10 +43,11 @@ pub mod size;
 pub mod snapshot;
 pub mod topology;
 
+pub use clusters::{ClusterConfigFile, ClusterRef};
 pub use id::{MAX_VOLUME_ID_LEN, VolumeId};
 pub use lifecycle::{
-    Action, Claimant, Deleted, Ensured, Error, Fit, Grown, Hooks, NewImage, Outcome, Step, delete,
-    ensure, grow,
+    Action, Claimant, Deleted, Ensured, Error, Fit, Grown, Hooks, NewImage, Outcome, Step,
+    check_namespace, delete, ensure, grow,
 };
 pub use naming::{DEFAULT_PREFIX, Naming, hex, is_safe_image_name, request_image_name};
 pub use owner::{META_CLAIM, META_PROVISIONER, META_PV, Owner, Ownership, ownership};

@@ -103,6 +103,12 @@ pub enum Error {
         wanted: String,
         action: Action,
     },
+    /// The RADOS namespace of the pool spec does not exist (checked by [`check_namespace`]).
+    #[error(
+        "radosNamespace {namespace:?} does not exist in pool {pool:?}; namespaces are not created \
+         implicitly: create it first (rbd namespace create {pool}/{namespace})"
+    )]
+    MissingNamespace { pool: String, namespace: String },
     /// The existing image of this volume has a size outside the range asked for.
     #[error(
         "image {pool}/{image} exists with {size} bytes, incompatible with required_bytes={required} limit_bytes={limit}"
@@ -114,6 +120,26 @@ pub enum Error {
         required: u64,
         limit: u64,
     },
+}
+
+/// Refuses a pool spec whose RADOS namespace does not exist ([`Error::MissingNamespace`]):
+/// namespaces are an operator's step (`rbd namespace create`), never created implicitly.
+///
+/// # Errors
+/// [`Error::MissingNamespace`], Ceph errors.
+pub async fn check_namespace(cluster: &Cluster, pool_spec: &str) -> Result<(), Error> {
+    let Ok((pool, namespace)) = ceph_rbd::split_pool_spec(pool_spec) else {
+        // a malformed spec: the Ceph call that takes it says why
+        return Ok(());
+    };
+    if cluster.namespace_exists(pool, namespace).await? {
+        Ok(())
+    } else {
+        Err(Error::MissingNamespace {
+            pool: pool.to_owned(),
+            namespace: namespace.to_owned(),
+        })
+    }
 }
 
 impl Error {
@@ -248,6 +274,10 @@ pub async fn ensure(
                 };
                 let size = fit_existing(cluster, new).await?;
                 break Ensured { outcome, size };
+            }
+            Err(e) if e.is_not_found() => {
+                check_namespace(cluster, pool).await?;
+                return Err(e.into());
             }
             Err(e) => return Err(e.into()),
         }

@@ -46,7 +46,10 @@ use std::time::{Duration, SystemTime};
 use ceph_rbd::{Cluster, CreateOptions, Features};
 use sha2::{Digest, Sha256};
 
-use crate::lifecycle::{self, Action, Claimant, Deleted, Ensured, Error, Fit, Hooks, Outcome};
+use crate::id::ClusterRef;
+use crate::lifecycle::{
+    self, Action, Claimant, Deleted, Ensured, Error, Fit, Hooks, NewImage, Outcome,
+};
 use crate::naming::hex;
 use crate::owner::{Owner, Ownership, ownership};
 
@@ -128,40 +131,59 @@ pub fn is_internal_image(name: &str) -> bool {
 
 /// Longest snapshot ID Kubernetes accepts as a snapshot handle.
 pub const MAX_SNAPSHOT_ID_LEN: usize = crate::id::MAX_VOLUME_ID_LEN;
-const SNAPSHOT_ID_PREFIX: &str = "s1";
+const SNAPSHOT_ID_PREFIXES: (&str, &str) = ("s1", "s2");
 
-/// Snapshot IDs: `s1/<monitors>/<pool>/<snapshot image>`; with the call's credentials they
-/// locate the snapshot `pool/image@image` without a journal.
+/// Snapshot IDs, shaped like volume IDs ([`crate::id`]): `s1/<monitors>/<pool>[/<namespace>]/<snapshot image>`
+/// or, for a cluster named in the cluster config, `s2/<clusterID>/<pool>[/<namespace>]/<snapshot image>`;
+/// with the call's credentials they locate the snapshot `pool[/namespace]/image@image` without a
+/// journal.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SnapshotId {
-    pub monitors: String,
+    pub cluster: ClusterRef,
     pub pool: String,
+    /// RADOS namespace; empty for the default one.
+    pub namespace: String,
     pub image: String,
 }
 
 impl SnapshotId {
+    /// A snapshot in the default namespace of the cluster at `monitors` (an `s1` ID).
     #[must_use]
     pub fn new(monitors: &str, pool: &str, image: &str) -> Self {
+        Self::located(ClusterRef::Monitors(monitors.to_owned()), pool, "", image)
+    }
+
+    /// A snapshot in `pool`'s namespace `namespace` (empty: the default one) of `cluster`.
+    #[must_use]
+    pub fn located(cluster: ClusterRef, pool: &str, namespace: &str, image: &str) -> Self {
         Self {
-            monitors: monitors.to_owned(),
+            cluster,
             pool: pool.to_owned(),
+            namespace: namespace.to_owned(),
             image: image.to_owned(),
         }
     }
 
-    /// Parses `s1/<monitors>/<pool>/<csi-snap-...>`.
+    /// Parses `s1/<monitors>/<pool>[/<namespace>]/<csi-snap-...>` or `s2/<clusterID>/...`.
     ///
     /// # Errors
     /// A message saying what is malformed.
     pub fn parse(id: &str) -> Result<Self, String> {
-        crate::id::split(SNAPSHOT_ID_PREFIX, id)
-            .filter(|(_, _, image)| is_snapshot_image(image))
-            .map(|(monitors, pool, image)| Self::new(monitors, pool, image))
+        crate::id::split(SNAPSHOT_ID_PREFIXES.0, SNAPSHOT_ID_PREFIXES.1, id)
+            .filter(|(_, _, _, image)| is_snapshot_image(image))
+            .map(|(cluster, pool, namespace, image)| Self::located(cluster, pool, namespace, image))
             .ok_or_else(|| {
                 format!(
-                    "malformed snapshot id {id:?} (expected s1/<monitors>/<pool>/csi-snap-<32 hex digits>)"
+                    "malformed snapshot id {id:?} (expected s1/<monitors>/<pool>[/<namespace>]/csi-snap-<32 hex digits> \
+                     or s2/<clusterID>/<pool>[/<namespace>]/csi-snap-<32 hex digits>)"
                 )
             })
+    }
+
+    /// The pool spec the `ceph_rbd` calls take: `pool` or `pool/namespace`.
+    #[must_use]
+    pub fn pool_spec(&self) -> String {
+        ceph_rbd::pool_spec(&self.pool, &self.namespace)
     }
 
     /// The ID, checked against the length limit.
@@ -175,10 +197,13 @@ impl SnapshotId {
 
 impl fmt::Display for SnapshotId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
+        crate::id::join(
             f,
-            "{SNAPSHOT_ID_PREFIX}/{}/{}/{}",
-            self.monitors, self.pool, self.image
+            SNAPSHOT_ID_PREFIXES,
+            &self.cluster,
+            &self.pool,
+            &self.namespace,
+            &self.image,
         )
     }
 }
@@ -433,7 +458,10 @@ async fn own_metadata(
     if let Some(parent) = cluster.parent(pool, image).await?
         && !parent.in_trash
     {
-        let inherited = match cluster.metadata_list(&parent.pool, &parent.image).await {
+        let inherited = match cluster
+            .metadata_list(&parent.pool_spec(), &parent.image)
+            .await
+        {
             Ok(m) => m,
             Err(e) if e.is_not_found() => BTreeMap::new(),
             Err(e) => return Err(e),
@@ -473,7 +501,7 @@ async fn bound_depth(cluster: &Cluster, pool: &str, image: &str) -> Result<u32, 
     let depth = match cluster.parent(pool, image).await? {
         None => 0,
         Some(parent) if parent.in_trash => MAX_CHAIN_DEPTH + 1,
-        Some(parent) => depth(cluster, &parent.pool, &parent.image).await? + 1,
+        Some(parent) => depth(cluster, &parent.pool_spec(), &parent.image).await? + 1,
     };
     let depth = if depth > MAX_CHAIN_DEPTH {
         tracing::info!(
@@ -663,6 +691,29 @@ pub struct NewClone<'a> {
     pub source_id: &'a str,
     /// The driver, recorded on a clone intermediate.
     pub driver: &'a str,
+}
+
+impl<'a> NewClone<'a> {
+    /// The volume `new` (pool, image, size, options, owner, fit) made from `source`.
+    #[must_use]
+    pub fn of(
+        new: &NewImage<'a>,
+        source: Source<'a>,
+        source_id: &'a str,
+        driver: &'a str,
+    ) -> NewClone<'a> {
+        NewClone {
+            pool: new.pool,
+            image: new.image,
+            size: new.size,
+            options: new.options,
+            owner: new.owner,
+            fit: new.fit,
+            source,
+            source_id,
+            driver,
+        }
+    }
 }
 
 /// Creates the volume from its source with its owner record, or finds it after a retry or a
@@ -902,7 +953,7 @@ async fn release_dependents(cluster: &Cluster, pool: &str, image: &str) -> Resul
             Err(e) if e.is_not_found() => continue,
             Err(e) => return Err(e.into()),
         };
-        if parent.is_some_and(|p| p.pool == pool && p.image == image && !p.in_trash) {
+        if parent.is_some_and(|p| p.pool_spec() == pool && p.image == image && !p.in_trash) {
             tracing::info!(
                 pool,
                 image = child,
@@ -930,6 +981,11 @@ mod tests {
         assert!(text.starts_with("s1/10.0.0.1:6789,10.0.0.2:6789/kube/csi-snap-"));
         let monitors = ["192.168.100.100:6789"; 5].join(",");
         assert!(SnapshotId::new(&monitors, "rbd", &image).encode().is_err());
+        let named = SnapshotId::located(ClusterRef::Named("site-a".into()), "kube", "t1", &image);
+        let text = named.encode().unwrap();
+        assert_eq!(text, format!("s2/site-a/kube/t1/{image}"));
+        assert_eq!(SnapshotId::parse(&text).unwrap(), named);
+        assert_eq!(named.pool_spec(), "kube/t1");
         for bad in [
             "",
             "reallyfakesnapshotid",

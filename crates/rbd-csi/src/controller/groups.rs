@@ -1,12 +1,13 @@
 //! The CSI `GroupController` service (`CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT`): volume group
 //! snapshots translated onto the volume core's [`rbd_volume::group`].
 //!
-//! **Group snapshot ID** `g1/<monitors>/<pool>/csi-group-<32 hex>` (SHA-256 of the request
-//! name): with the call's secrets it locates the members without a journal. Each member is an
+//! **Group snapshot ID** `g1/<monitors>/<pool>[/<namespace>]/csi-group-<32 hex>` (`g2/<clusterID>/...`
+//! for a `clusterID` class; SHA-256 of the request name): with the call's secrets it locates the members without a journal. Each member is an
 //! ordinary snapshot (`s1/...` ID, `csi-snap-...` image) that `CreateVolume` restores from and
 //! `DeleteSnapshot` deletes; its `group_snapshot_id` is set in group responses.
 //!
-//! All source volumes must be in one pool of one cluster (`FAILED_PRECONDITION` otherwise), as
+//! All source volumes must be in one pool and namespace of one cluster (`FAILED_PRECONDITION`
+//! otherwise), as
 //! an RBD group's images are here. `snapshot_ids` of `GetVolumeGroupSnapshot` must be exactly
 //! the members, and those of `DeleteVolumeGroupSnapshot` must include every member still there
 //! and name no other snapshot (`INVALID_ARGUMENT` on a mismatch, as the spec asks).
@@ -48,7 +49,7 @@ fn group_message(
     let group_snapshot_id = id.encode().map_err(Status::internal)?;
     let mut snapshots = Vec::with_capacity(found.members.len());
     for member in &found.members {
-        let mut snapshot = entry(&id.monitors, member)?;
+        let mut snapshot = entry(&id.cluster, member)?;
         snapshot.group_snapshot_id.clone_from(&group_snapshot_id);
         snapshots.push(snapshot);
     }
@@ -70,7 +71,9 @@ fn group_message(
 fn member_ids(id: &GroupSnapshotId, images: &[String]) -> BTreeSet<String> {
     images
         .iter()
-        .map(|image| SnapshotId::new(&id.monitors, &id.pool, image).to_string())
+        .map(|image| {
+            SnapshotId::located(id.cluster.clone(), &id.pool, &id.namespace, image).to_string()
+        })
         .collect()
 }
 
@@ -98,27 +101,31 @@ async fn create(
     if let Some((i, other)) = sources
         .iter()
         .enumerate()
-        .find(|(_, s)| s.monitors != first.monitors || s.pool != first.pool)
+        .find(|(_, s)| s.cluster != first.cluster || s.pool_spec() != first.pool_spec())
     {
         return Err(Status::failed_precondition(format!(
-            "source_volume_ids[{i}] is in pool {:?} of cluster {:?}, source_volume_ids[0] in pool \
-             {:?} of {:?}: a group snapshot's volumes must share one pool",
-            other.pool, other.monitors, first.pool, first.monitors
+            "source_volume_ids[{i}] is in pool {:?} of cluster {}, source_volume_ids[0] in pool \
+             {:?} of {}: a group snapshot's volumes must share one pool (and namespace)",
+            other.pool_spec(),
+            other.cluster,
+            first.pool_spec(),
+            first.cluster
         )));
     }
     let group = group::group_name(name);
-    let id = GroupSnapshotId::new(&first.monitors, &first.pool, &group);
+    let id = GroupSnapshotId::located(first.cluster.clone(), &first.pool, &first.namespace, &group);
     let group_snapshot_id = id.encode().map_err(Status::invalid_argument)?;
     for source in &req.source_volume_ids {
         let member = group::member_image_name(&group, source);
-        SnapshotId::new(&id.monitors, &id.pool, &member)
+        SnapshotId::located(id.cluster.clone(), &id.pool, &id.namespace, &member)
             .encode()
             .map_err(Status::invalid_argument)?;
     }
     let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(&group_snapshot_id)?;
-    let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
-    ctl.remember_pool(&id.pool);
+    let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
+    let pool = id.pool_spec();
+    ctl.remember(&id.cluster, &pool);
     let members: Vec<Member<'_>> = sources
         .iter()
         .zip(&req.source_volume_ids)
@@ -130,7 +137,7 @@ async fn create(
     let found = group::create_group_snapshot(
         &cluster,
         &NewGroupSnapshot {
-            pool: &id.pool,
+            pool: &pool,
             group: &group,
             name,
             members: &members,
@@ -155,8 +162,8 @@ async fn get(
     let id = GroupSnapshotId::parse(group_snapshot_id)
         .map_err(|e| Status::not_found(format!("group_snapshot_id: {e}")))?;
     let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
-    let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
-    let found = group::find_group_snapshot(&cluster, &id.pool, &id.group)
+    let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
+    let found = group::find_group_snapshot(&cluster, &id.pool_spec(), &id.group)
         .await
         .map_err(volume_status)?
         .filter(|g| !g.members.is_empty())
@@ -189,9 +196,9 @@ async fn delete(
     };
     let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(group_snapshot_id)?;
-    let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
+    let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
     if !req.snapshot_ids.is_empty() {
-        let images = group::member_images(&cluster, &id.pool, &id.group)
+        let images = group::member_images(&cluster, &id.pool_spec(), &id.group)
             .await
             .map_err(volume_status)?;
         let members = member_ids(&id, &images);
@@ -205,7 +212,7 @@ async fn delete(
             let Ok(other) = SnapshotId::parse(given) else {
                 continue;
             };
-            if volume_snapshot::find_snapshot(&cluster, &other.pool, &other.image)
+            if volume_snapshot::find_snapshot(&cluster, &other.pool_spec(), &other.image)
                 .await
                 .map_err(volume_status)?
                 .is_some()
@@ -216,7 +223,7 @@ async fn delete(
             }
         }
     }
-    let deleted = group::delete_group_snapshot(&cluster, &id.pool, &id.group)
+    let deleted = group::delete_group_snapshot(&cluster, &id.pool_spec(), &id.group)
         .await
         .map_err(volume_status)?;
     tracing::info!(

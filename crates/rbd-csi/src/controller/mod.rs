@@ -31,6 +31,7 @@ mod listing;
 mod modify;
 mod pages;
 mod params;
+mod placement;
 mod snapshots;
 mod volumes;
 
@@ -41,6 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ceph_rbd::{ClusterConfig, ConnectionPool, PoolOptions, Secret};
+use rbd_volume::clusters::{ClusterConfigFile, ClusterInfo, ClusterRef, LookupError};
 use tonic::{Request, Response, Status};
 
 use crate::config::{CsiConfig, ProbeCluster};
@@ -66,9 +68,15 @@ pub struct ControllerService {
     locks: VolumeLocks,
     /// Called at the volume core's steps (none by default).
     hooks: rbd_volume::Hooks,
-    /// Pools this controller has served volumes or snapshots in (listing all snapshots).
-    pools: Arc<Mutex<BTreeSet<String>>>,
+    /// The cluster config (`clusterID` to monitors), re-read when it changes.
+    clusters: Option<Arc<ClusterConfigFile>>,
+    /// Where this controller has served volumes or snapshots: cluster and pool spec
+    /// (`pool[/namespace]`), for listing everything.
+    locations: Arc<Mutex<BTreeSet<Location>>>,
 }
+
+/// A cluster and a pool spec (`pool` or `pool/namespace`) volumes live in.
+pub(crate) type Location = (ClusterRef, String);
 
 impl std::fmt::Debug for ControllerService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,6 +91,14 @@ impl ControllerService {
     /// A controller for `config` sharing Ceph connections through `ceph`.
     #[must_use]
     pub fn new(config: &CsiConfig, ceph: ConnectionPool) -> Self {
+        let mut locations = BTreeSet::new();
+        if let Some(monitors) = config
+            .default_monitors
+            .clone()
+            .or_else(|| config.probe.as_ref().map(|p| p.monitors.clone()))
+        {
+            locations.insert((ClusterRef::Monitors(monitors), DEFAULT_POOL.to_owned()));
+        }
         Self {
             ceph,
             driver_name: config.driver_name.clone(),
@@ -90,26 +106,40 @@ impl ControllerService {
             capacity_cluster: config.probe.clone(),
             locks: VolumeLocks::new(),
             hooks: rbd_volume::Hooks::default(),
-            pools: Arc::new(Mutex::new(BTreeSet::from([DEFAULT_POOL.to_owned()]))),
+            clusters: config.cluster_config.clone(),
+            locations: Arc::new(Mutex::new(locations)),
         }
     }
 
-    /// Notes a pool volumes or snapshots live in, for listing all snapshots.
-    fn remember_pool(&self, pool: &str) {
-        self.pools
+    /// Notes where volumes or snapshots live, for listing everything.
+    fn remember(&self, cluster: &ClusterRef, pool_spec: &str) {
+        self.locations
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(pool.to_owned());
+            .insert((cluster.clone(), pool_spec.to_owned()));
     }
 
-    /// The pools [`ControllerService::remember_pool`] noted, and `rbd`.
-    fn known_pools(&self) -> Vec<String> {
-        self.pools
+    /// What [`ControllerService::remember`] noted, and `rbd` of the default monitors.
+    fn known_locations(&self) -> Vec<Location> {
+        self.locations
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .cloned()
             .collect()
+    }
+
+    /// The cluster config entry of `cluster` (`None` for monitors given directly).
+    fn cluster_info(&self, cluster: &ClusterRef) -> Result<Option<ClusterInfo>, Status> {
+        match cluster {
+            ClusterRef::Monitors(_) => Ok(None),
+            ClusterRef::Named(name) => match &self.clusters {
+                Some(file) => file.lookup(name).map(Some).map_err(lookup_status),
+                None => Err(lookup_status(LookupError::NoConfig {
+                    cluster: name.clone(),
+                })),
+            },
+        }
     }
 
     /// The same controller calling `hooks` at the volume core's steps (crash-point tests).
@@ -119,15 +149,26 @@ impl ControllerService {
         self
     }
 
+    /// A connection to `cluster`: its monitors as given, or as the cluster config says now.
     async fn cluster(
         &self,
-        monitors: &str,
+        cluster: &ClusterRef,
         user: &str,
         key: &str,
     ) -> Result<Arc<ceph_rbd::Cluster>, Status> {
+        let monitors = cluster
+            .monitors(self.clusters.as_deref())
+            .map_err(lookup_status)?;
         let cfg = ClusterConfig::new(monitors, user, Secret::new(key));
         self.ceph.get(&cfg).await.map_err(ceph_status)
     }
+}
+
+/// A `clusterID` the cluster config cannot resolve: `INVALID_ARGUMENT` naming it (and the file's
+/// problem, if it has one).
+#[allow(clippy::needless_pass_by_value)]
+fn lookup_status(e: LookupError) -> Status {
+    Status::invalid_argument(e.to_string())
 }
 
 /// The gRPC servers of the `Controller` and `GroupController` services of `config`: one controller
@@ -179,6 +220,7 @@ pub(crate) fn volume_status(e: rbd_volume::Error) -> Status {
             ..
         } => Status::failed_precondition(e.to_string()),
         E::Foreign { .. } | E::SizeMismatch { .. } => Status::already_exists(e.to_string()),
+        E::MissingNamespace { .. } => Status::invalid_argument(e.to_string()),
     }
 }
 

@@ -62,11 +62,12 @@ pub(super) async fn modify(
         VolumeId::parse(volume_id).map_err(|e| Status::not_found(format!("volume_id: {e}")))?;
     let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(volume_id)?;
-    let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
+    let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
+    let pool = id.pool_spec();
     // NOT_FOUND for a missing image, even when there is nothing to change
     cluster
-        .image_info(&id.pool, &id.image)
+        .image_info(&pool, &id.image)
         .await
         .map_err(ceph_status)?;
-    apply(&cluster, &id.pool, &id.image, &qos).await
+    apply(&cluster, &pool, &id.image, &qos).await
 }

@@ -2,8 +2,11 @@
 //!
 //! | parameter | default | meaning |
 //! |---|---|---|
-//! | `monitors` | `CsiConfig::default_monitors` | comma-separated `host:port` list (required if no default) |
+//! | `monitors` | `CsiConfig::default_monitors` | comma-separated `host:port` list; give this or `clusterID` |
+//! | `clusterID` | none | a cluster of the cluster config (`--cluster-config`); its monitors are looked up at use time |
 //! | `pool` | `rbd` | pool for the image |
+//! | `radosNamespace` | the cluster config entry's `rbd.radosNamespace`, else none | RADOS namespace for the image (must exist) |
+//! | `topologyConstrainedPools` | none | ceph-csi's JSON list of pools per topology domain; the pool is picked from `accessibility_requirements` |
 //! | `dataPool` | none | erasure-coded data pool |
 //! | `imageFeatures` | librbd default | comma list (`layering,exclusive-lock,object-map,fast-diff,deep-flatten,journaling`) |
 //! | `userID` / `userId` | none | Ceph user nodes map with (into `volume_context`; else the node-stage secret's `userID`) |
@@ -12,13 +15,16 @@
 //! | other `csi.storage.k8s.io/*` | | ignored, except `pvc/name` + `pvc/namespace`, recorded as the owner claim |
 //!
 //! Any other key is an error (as in the `ceph.com/rbd` provisioner), so a typo cannot silently
-//! produce a volume with the wrong settings.
+//! produce a volume with the wrong settings. `monitors` and `clusterID` together are an error;
+//! with neither, the controller's default monitors are used.
 //!
 //! Secrets: user from `userID` (or `adminId`/`adminID`; default `admin`), key from `userKey`
 //! (or `key`, the in-tree plugin's secret key; or `adminKey`).
 
 use std::collections::HashMap;
 
+use rbd_volume::clusters::{ClusterRef, cluster_ref};
+use rbd_volume::topology::{self, ConstrainedPool};
 use tonic::Status;
 
 use crate::fs::FsType;
@@ -27,8 +33,13 @@ use crate::mapper::MounterKind;
 /// What `CreateVolume`'s parameters ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateParams {
-    pub monitors: String,
+    /// The cluster: monitors (given or the default) or a `clusterID`.
+    pub cluster: ClusterRef,
     pub pool: String,
+    /// `radosNamespace` as given (`None`: the cluster config's default, else the default one).
+    pub namespace: Option<String>,
+    /// `topologyConstrainedPools`, replacing `pool`/`dataPool` by the pool of the topology.
+    pub topology_pools: Option<Vec<ConstrainedPool>>,
     pub data_pool: Option<String>,
     /// Raw `imageFeatures` value (validated by `ceph_rbd::Features::parse`).
     pub image_features: Option<String>,
@@ -49,24 +60,36 @@ pub fn create_params(
     default_monitors: Option<&str>,
 ) -> Result<CreateParams, Status> {
     let mut params = CreateParams {
-        monitors: default_monitors.unwrap_or_default().to_owned(),
+        cluster: ClusterRef::Monitors(String::new()),
         pool: "rbd".to_owned(),
+        namespace: None,
+        topology_pools: None,
         data_pool: None,
         image_features: None,
         node_user: None,
         mounter: None,
         claim: None,
     };
+    let mut monitors = None;
+    let mut cluster_id = None;
     let mut claim_name = None;
     let mut claim_namespace = None;
     for (key, value) in parameters {
         let value = value.trim();
         match key.as_str() {
-            "monitors" => value.clone_into(&mut params.monitors),
+            "monitors" => monitors = Some(value),
+            "clusterID" => cluster_id = Some(value),
             "pool" => {
                 if !value.is_empty() {
                     value.clone_into(&mut params.pool);
                 }
+            }
+            "radosNamespace" => params.namespace = Some(value.to_owned()),
+            topology::PARAMETER => {
+                params.topology_pools = Some(
+                    topology::parse_constrained_pools(value)
+                        .map_err(|e| Status::invalid_argument(format!("parameters.{e}")))?,
+                );
             }
             "dataPool" => params.data_pool = Some(value.to_owned()).filter(|v| !v.is_empty()),
             "imageFeatures" => params.image_features = Some(value.to_owned()),
@@ -88,29 +111,54 @@ pub fn create_params(
             other if other.starts_with(CSI_PREFIX) => {}
             other => {
                 return Err(Status::invalid_argument(format!(
-                    "unknown parameter {other:?} (known: monitors, pool, dataPool, imageFeatures, \
-                     userID, mounter, csi.storage.k8s.io/*)"
+                    "unknown parameter {other:?} (known: monitors, clusterID, pool, \
+                     radosNamespace, topologyConstrainedPools, dataPool, imageFeatures, userID, \
+                     mounter, csi.storage.k8s.io/*)"
                 )));
             }
         }
     }
-    if params.monitors.is_empty() {
-        return Err(Status::invalid_argument(
-            "parameters.monitors is required (no default monitors configured)",
-        ));
-    }
+    let invalid = |message: String| Status::invalid_argument(message);
+    params.cluster = match (monitors, cluster_id) {
+        (None | Some(""), None) => ClusterRef::Monitors(
+            default_monitors
+                .filter(|m| !m.is_empty())
+                .ok_or_else(|| {
+                    Status::invalid_argument(
+                        "parameters.monitors or parameters.clusterID is required (no default \
+                         monitors configured)",
+                    )
+                })?
+                .to_owned(),
+        ),
+        (m, id) => cluster_ref(m, id).map_err(|e| invalid(format!("parameters: {e}")))?,
+    };
     // the node validates the same values when it stages the volume: refuse them here already,
     // before an image is made for a volume no node could use
-    let invalid = Status::invalid_argument;
-    crate::validate::monitors("parameters.monitors", &params.monitors).map_err(invalid)?;
-    if params.monitors.contains('/') {
-        // volume IDs are `v1/<monitors>/<pool>/<image>`
-        return Err(invalid(format!(
-            "parameters.monitors {:?} may not contain '/' (give host[:port] addresses)",
-            params.monitors
-        )));
+    if let ClusterRef::Monitors(m) = &params.cluster {
+        crate::validate::monitors("parameters.monitors", m).map_err(invalid)?;
+        if m.contains('/') {
+            // volume IDs are `v1/<monitors>/<pool>/<image>`
+            return Err(invalid(format!(
+                "parameters.monitors {m:?} may not contain '/' (give host[:port] addresses)"
+            )));
+        }
+    }
+    if let ClusterRef::Named(id) = &params.cluster {
+        crate::validate::cluster_id("parameters.clusterID", id).map_err(invalid)?;
     }
     crate::validate::pool("parameters.pool", &params.pool).map_err(invalid)?;
+    if let Some(namespace) = &params.namespace {
+        crate::validate::namespace("parameters.radosNamespace", namespace).map_err(invalid)?;
+    }
+    for pool in params.topology_pools.iter().flatten() {
+        crate::validate::pool("parameters.topologyConstrainedPools poolName", &pool.pool)
+            .map_err(invalid)?;
+        if let Some(data_pool) = &pool.data_pool {
+            crate::validate::pool("parameters.topologyConstrainedPools dataPool", data_pool)
+                .map_err(invalid)?;
+        }
+    }
     if let Some(data_pool) = &params.data_pool {
         crate::validate::pool("parameters.dataPool", data_pool).map_err(invalid)?;
     }
@@ -154,7 +202,8 @@ mod tests {
     #[test]
     fn defaults_and_all_known_parameters() {
         let p = create_params(&HashMap::new(), Some("m:1")).unwrap();
-        assert_eq!((p.monitors.as_str(), p.pool.as_str()), ("m:1", "rbd"));
+        assert_eq!(p.cluster, ClusterRef::Monitors("m:1".into()));
+        assert_eq!(p.pool, "rbd");
         let p = create_params(
             &map(&[
                 ("monitors", "a:1,b:2"),
@@ -171,7 +220,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(p.monitors, "a:1,b:2");
+        assert_eq!(p.cluster, ClusterRef::Monitors("a:1,b:2".into()));
         assert_eq!(p.pool, "kube");
         assert_eq!(p.data_pool.as_deref(), Some("ec"));
         assert_eq!(p.image_features.as_deref(), Some("layering"));

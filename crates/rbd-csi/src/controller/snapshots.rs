@@ -1,14 +1,16 @@
 //! `CreateSnapshot`, `DeleteSnapshot`, `ListSnapshots`: CSI translated onto the volume core's
 //! snapshots ([`rbd_volume::snapshot`]).
 //!
-//! **Snapshot ID** `s1/<monitors>/<pool>/csi-snap-<32 hex>` ([`SnapshotId`]): the snapshot image
-//! is named after the SHA-256 of the request name, in the source volume's pool, so a retried
+//! **Snapshot ID** `s1/<monitors>/<pool>[/<namespace>]/csi-snap-<32 hex>` (`s2/<clusterID>/...`
+//! for a volume of a `clusterID` class; [`SnapshotId`]): the snapshot image is named after the
+//! SHA-256 of the request name, in the source volume's pool and namespace, so a retried
 //! `CreateSnapshot` finds it and the ID alone (with the call's secrets) locates it.
 //!
 //! **Listing** reads the snapshot images' records: by ID (one image), by source volume (the
-//! snapshot images of the source's pool), or all (the snapshot images of every pool this
-//! controller has served since it started, plus `rbd`: Ceph 16's librbd offers us no pool list
-//! without the `ceph-rbd` crate growing one). Entries are ordered by snapshot ID and the
+//! snapshot images of the source's pool and namespace), or all (the snapshot images of every
+//! cluster, pool and namespace this controller has served since it started, plus `rbd` of the
+//! default monitors: Ceph 16's librbd offers us no pool list without the `ceph-rbd` crate growing
+//! one). Entries are ordered by snapshot ID and the
 //! `next_token` is the last ID returned, so a page continues after it even when it (or any
 //! other snapshot) was deleted between pages.
 
@@ -17,6 +19,8 @@ use std::sync::Arc;
 
 use rbd_volume::snapshot::{self, Snapshot, SnapshotError, SnapshotId, SnapshotOwner};
 use tonic::Status;
+
+use rbd_volume::clusters::ClusterRef;
 
 use super::params::credentials;
 use super::{ControllerService, pages, volume_status};
@@ -54,8 +58,10 @@ pub(super) fn call_or_probe_credentials(
     }
 }
 
-pub(super) fn entry(monitors: &str, snap: &Snapshot) -> Result<csi::Snapshot, Status> {
-    let snapshot_id = SnapshotId::new(monitors, &snap.pool, &snap.image)
+/// The CSI message of `snap` (found on `cluster`; its `pool` is a pool spec, `pool[/namespace]`).
+pub(super) fn entry(cluster: &ClusterRef, snap: &Snapshot) -> Result<csi::Snapshot, Status> {
+    let (pool, namespace) = ceph_rbd::split_pool_spec(&snap.pool).map_err(Status::internal)?;
+    let snapshot_id = SnapshotId::located(cluster.clone(), pool, namespace, &snap.image)
         .encode()
         .map_err(Status::internal)?;
     let since = snap
@@ -101,14 +107,20 @@ pub(super) async fn create(
     let source = VolumeId::parse(source_id)
         .map_err(|e| Status::not_found(format!("source_volume_id: {e}")))?;
     let image = snapshot::snapshot_image_name(name);
-    let snapshot_id = SnapshotId::new(&source.monitors, &source.pool, &image)
-        .encode()
-        .map_err(|e| Status::invalid_argument(format!("source_volume_id: {e}")))?;
+    let snapshot_id = SnapshotId::located(
+        source.cluster.clone(),
+        &source.pool,
+        &source.namespace,
+        &image,
+    )
+    .encode()
+    .map_err(|e| Status::invalid_argument(format!("source_volume_id: {e}")))?;
     let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     // the same key as DeleteSnapshot's: a create and a delete of one snapshot never overlap
     let _guard = ctl.locks.lock_or_abort(&snapshot_id)?;
-    let cluster = ctl.cluster(&source.monitors, &user, &key).await?;
-    ctl.remember_pool(&source.pool);
+    let cluster = ctl.cluster(&source.cluster, &user, &key).await?;
+    let pool = source.pool_spec();
+    ctl.remember(&source.cluster, &pool);
     let owner = SnapshotOwner {
         name: name.to_owned(),
         source: source_id.to_owned(),
@@ -117,7 +129,7 @@ pub(super) async fn create(
     let snap = snapshot::create_snapshot(
         &cluster,
         &snapshot::NewSnapshot {
-            pool: &source.pool,
+            pool: &pool,
             source_image: &source.image,
             image: &image,
             owner: &owner,
@@ -127,7 +139,7 @@ pub(super) async fn create(
     .map_err(snapshot_status)?;
     tracing::info!(snapshot_id, source_volume_id = source_id, "snapshot ready");
     Ok(csi::CreateSnapshotResponse {
-        snapshot: Some(entry(&source.monitors, &snap)?),
+        snapshot: Some(entry(&source.cluster, &snap)?),
     })
 }
 
@@ -145,8 +157,8 @@ pub(super) async fn delete(
     };
     let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(snapshot_id)?;
-    let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
-    let deleted = snapshot::delete_snapshot(&cluster, &id.pool, &id.image)
+    let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
+    let deleted = snapshot::delete_snapshot(&cluster, &id.pool_spec(), &id.image)
         .await
         .map_err(volume_status)?;
     tracing::info!(snapshot_id, ?deleted, "snapshot deleted");
@@ -170,45 +182,44 @@ pub(super) async fn list(
         let Ok(id) = SnapshotId::parse(&req.snapshot_id) else {
             return Ok(csi::ListSnapshotsResponse::default());
         };
-        let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
-        if let Some(snap) = snapshot::find_snapshot(&cluster, &id.pool, &id.image)
+        let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
+        if let Some(snap) = snapshot::find_snapshot(&cluster, &id.pool_spec(), &id.image)
             .await
             .map_err(volume_status)?
             && (req.source_volume_id.is_empty() || snap.owner.source == req.source_volume_id)
         {
-            entries.push(entry(&id.monitors, &snap)?);
+            entries.push(entry(&id.cluster, &snap)?);
         }
     } else if !req.source_volume_id.is_empty() {
         let Ok(source) = VolumeId::parse(&req.source_volume_id) else {
             return Ok(csi::ListSnapshotsResponse::default());
         };
-        let cluster = ctl.cluster(&source.monitors, &user, &key).await?;
-        for snap in snapshot::list_snapshots(&cluster, &source.pool)
+        let cluster = ctl.cluster(&source.cluster, &user, &key).await?;
+        for snap in snapshot::list_snapshots(&cluster, &source.pool_spec())
             .await
             .map_err(volume_status)?
         {
             if snap.owner.source == req.source_volume_id {
-                entries.push(entry(&source.monitors, &snap)?);
+                entries.push(entry(&source.cluster, &snap)?);
             }
         }
     } else {
-        let monitors = ctl
-            .default_monitors
-            .clone()
-            .or_else(|| ctl.capacity_cluster.as_ref().map(|p| p.monitors.clone()))
-            .ok_or_else(|| {
-                Status::failed_precondition(
-                    "ListSnapshots without snapshot_id or source_volume_id needs the controller's \
-                     default monitors (--monitors)",
-                )
-            })?;
-        let cluster: Arc<ceph_rbd::Cluster> = ctl.cluster(&monitors, &user, &key).await?;
-        for pool in ctl.known_pools() {
+        // every location served since start (with the call's credentials: a cluster they do
+        // not open is skipped, as its snapshots are not this caller's to see)
+        for (cluster_ref, pool) in ctl.known_locations() {
+            let cluster: Arc<ceph_rbd::Cluster> = match ctl.cluster(&cluster_ref, &user, &key).await
+            {
+                Ok(cluster) => cluster,
+                Err(e) => {
+                    tracing::warn!(cluster = %cluster_ref, error = %e.message(), "ListSnapshots skips a cluster it cannot open");
+                    continue;
+                }
+            };
             for snap in snapshot::list_snapshots(&cluster, &pool)
                 .await
                 .map_err(volume_status)?
             {
-                entries.push(entry(&monitors, &snap)?);
+                entries.push(entry(&cluster_ref, &snap)?);
             }
         }
     }

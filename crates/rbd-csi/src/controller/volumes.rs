@@ -6,7 +6,10 @@ use ceph_rbd::{CreateOptions, Features};
 use rbd_volume::{Claimant, Fit, NewClone, NewImage, Owner, SnapshotId, Source};
 use tonic::Status;
 
+use rbd_volume::clusters::ClusterRef;
+
 use super::params::{create_params, credentials};
+use super::placement::{Placement, place};
 use super::snapshots::snapshot_status;
 use super::{ControllerService, ceph_status, volume_status};
 use crate::node::request::access;
@@ -76,13 +79,24 @@ fn content_source(
     }
 }
 
-/// What nodes need to stage the volume.
-fn volume_context(params: &super::CreateParams, image: &str) -> HashMap<String, String> {
+/// What nodes need to stage the volume: the cluster (monitors, or the `clusterID` the node looks
+/// up when it stages), pool, namespace, image, user and mapper.
+fn volume_context(
+    params: &super::CreateParams,
+    place: &Placement,
+    image: &str,
+) -> HashMap<String, String> {
     let mut volume_context = HashMap::from([
-        (context::MONITORS.to_owned(), params.monitors.clone()),
-        (context::POOL.to_owned(), params.pool.clone()),
+        (context::POOL.to_owned(), place.pool.clone()),
         (context::IMAGE.to_owned(), image.to_owned()),
     ]);
+    match &place.cluster {
+        ClusterRef::Monitors(m) => volume_context.insert(context::MONITORS.to_owned(), m.clone()),
+        ClusterRef::Named(n) => volume_context.insert(context::CLUSTER_ID.to_owned(), n.clone()),
+    };
+    if !place.namespace.is_empty() {
+        volume_context.insert(context::NAMESPACE.to_owned(), place.namespace.clone());
+    }
     if let Some(u) = &params.node_user {
         volume_context.insert(context::USER.to_owned(), u.clone());
     }
@@ -108,8 +122,16 @@ pub(super) async fn create(
         .as_ref()
         .map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
     let size = volume::size_for_range(required, limit).map_err(Status::out_of_range)?;
+    let info = ctl.cluster_info(&params.cluster)?;
+    let place = place(
+        &params,
+        info.as_ref(),
+        req.accessibility_requirements.as_ref(),
+        &ctl.driver_name,
+    )?;
+    let pool = place.pool_spec();
     let image = volume::image_name(name);
-    let volume_id = VolumeId::new(&params.monitors, &params.pool, &image)
+    let volume_id = VolumeId::located(place.cluster.clone(), &place.pool, &place.namespace, &image)
         .encode()
         .map_err(Status::invalid_argument)?;
     let features = params
@@ -119,10 +141,14 @@ pub(super) async fn create(
         .transpose()
         .map_err(|e| Status::invalid_argument(format!("parameters.imageFeatures: {e}")))?;
     let _guard = ctl.locks.lock_or_abort(name)?;
-    let cluster = ctl.cluster(&params.monitors, &user, &key).await?;
+    let cluster = ctl.cluster(&place.cluster, &user, &key).await?;
+    // a namespace that does not exist is the class's mistake, said before anything is made
+    rbd_volume::check_namespace(&cluster, &pool)
+        .await
+        .map_err(volume_status)?;
     let options = CreateOptions {
         features,
-        data_pool: params.data_pool.clone(),
+        data_pool: place.data_pool.clone(),
         ..CreateOptions::default()
     };
     let owner = Owner {
@@ -136,57 +162,75 @@ pub(super) async fn create(
         limit: u64::try_from(limit).unwrap_or(0),
     };
     let new = NewImage {
-        pool: &params.pool,
+        pool: &pool,
         image: &image,
         size,
         options: &options,
         owner: &owner,
         fit,
     };
-    ctl.remember_pool(&params.pool);
+    ctl.remember(&place.cluster, &pool);
     let ensured = match &content {
         None => rbd_volume::ensure(&cluster, &new, &ctl.hooks)
             .await
             .map_err(volume_status)?,
-        Some(content) => {
-            let source = match &content.source {
-                Content::Snapshot(id) => Source::Snapshot {
-                    pool: &id.pool,
-                    image: &id.image,
-                },
-                Content::Volume(id) => Source::Volume {
-                    pool: &id.pool,
-                    image: &id.image,
-                },
-            };
-            let clone = NewClone {
-                pool: &params.pool,
-                image: &image,
-                size,
-                options: &options,
-                owner: &owner,
-                fit,
-                source,
-                source_id: &content.id,
-                driver: &ctl.driver_name,
-            };
-            rbd_volume::clone_volume(&cluster, &clone)
-                .await
-                .map_err(snapshot_status)?
-        }
+        Some(content) => clone_from(ctl, &cluster, &new, &place.cluster, content).await?,
     };
-    super::modify::apply(&cluster, &params.pool, &image, &qos).await?;
+    super::modify::apply(&cluster, &pool, &image, &qos).await?;
     let capacity = ensured.size;
 
     Ok(csi::CreateVolumeResponse {
         volume: Some(csi::Volume {
             capacity_bytes: to_i64(capacity),
             volume_id,
-            volume_context: volume_context(&params, &image),
+            volume_context: volume_context(&params, &place, &image),
             content_source: req.volume_content_source,
-            accessible_topology: Vec::new(),
+            accessible_topology: place.topology,
         }),
     })
+}
+
+/// Makes the volume `new` as a clone of `content` (a snapshot or a volume on `cluster_ref`).
+async fn clone_from(
+    ctl: &ControllerService,
+    cluster: &ceph_rbd::Cluster,
+    new: &NewImage<'_>,
+    cluster_ref: &ClusterRef,
+    content: &ContentSource,
+) -> Result<rbd_volume::Ensured, Status> {
+    let (source_cluster, source_pool, image) = match &content.source {
+        Content::Snapshot(id) => (&id.cluster, id.pool_spec(), &id.image),
+        Content::Volume(id) => (&id.cluster, id.pool_spec(), &id.image),
+    };
+    let source_pool = source_in(cluster_ref, source_cluster, source_pool)?;
+    let source = match &content.source {
+        Content::Snapshot(_) => Source::Snapshot {
+            pool: &source_pool,
+            image,
+        },
+        Content::Volume(_) => Source::Volume {
+            pool: &source_pool,
+            image,
+        },
+    };
+    let clone = NewClone::of(new, source, &content.id, &ctl.driver_name);
+    rbd_volume::clone_volume(cluster, &clone)
+        .await
+        .map_err(snapshot_status)
+}
+
+/// The pool spec of a content source, which must be on the new volume's cluster (a clone is made
+/// inside one cluster): else `INVALID_ARGUMENT` naming both.
+fn source_in(target: &ClusterRef, source: &ClusterRef, pool: String) -> Result<String, Status> {
+    if source == target {
+        Ok(pool)
+    } else {
+        Err(Status::invalid_argument(format!(
+            "volume_content_source is on cluster {source}, the new volume on {target}: clones \
+             and restores stay within one cluster (give the class the source's monitors or \
+             clusterID)"
+        )))
+    }
 }
 
 pub(super) async fn delete(
@@ -204,10 +248,11 @@ pub(super) async fn delete(
     };
     let (user, key) = credentials(&req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(volume_id)?;
-    let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
-    // The ID names only the image: its owner record must name a volume this is the image of.
-    // Snapshots and clones of it are detached first (they keep working).
-    rbd_volume::delete_volume(&cluster, &id.pool, &id.image, &Claimant::Image, &ctl.hooks)
+    let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
+    // The ID names only the image (in its namespace): its owner record must name a volume this
+    // is the image of. Snapshots and clones of it are detached first (they keep working).
+    let pool = id.pool_spec();
+    rbd_volume::delete_volume(&cluster, &pool, &id.image, &Claimant::Image, &ctl.hooks)
         .await
         .map_err(volume_status)?;
     tracing::info!(volume_id, "volume deleted");
@@ -233,8 +278,8 @@ pub(super) async fn expand(
     let new_size = volume::size_for_range(range.required_bytes, range.limit_bytes)
         .map_err(Status::out_of_range)?;
     let _guard = ctl.locks.lock_or_abort(volume_id)?;
-    let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
-    let grown = rbd_volume::grow(&cluster, &id.pool, &id.image, new_size, &ctl.hooks)
+    let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
+    let grown = rbd_volume::grow(&cluster, &id.pool_spec(), &id.image, new_size, &ctl.hooks)
         .await
         .map_err(volume_status)?;
     if grown.size > grown.from {
@@ -269,9 +314,9 @@ pub(super) async fn validate(
     let id = VolumeId::parse(volume_id).map_err(Status::not_found)?;
     // With secrets we can (and must) say NOT_FOUND for a missing volume.
     if let Ok((user, key)) = credentials(&req.secrets) {
-        let cluster = ctl.cluster(&id.monitors, &user, &key).await?;
+        let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
         cluster
-            .image_info(&id.pool, &id.image)
+            .image_info(&id.pool_spec(), &id.image)
             .await
             .map_err(ceph_status)?;
     }
@@ -311,14 +356,23 @@ pub(super) async fn capacity(
         .as_deref()
         .unwrap_or(creds.monitors.as_str());
     let params = create_params(&req.parameters, Some(default_monitors))?;
-    let cluster = ctl
-        .cluster(&params.monitors, &creds.user, &creds.key)
-        .await?;
+    let info = ctl.cluster_info(&params.cluster)?;
+    // the pool (and namespace) a volume of these parameters would get at this topology
+    let place = place(
+        &params,
+        info.as_ref(),
+        req.accessible_topology
+            .as_ref()
+            .map(|t| csi::TopologyRequirement {
+                requisite: vec![t.clone()],
+                preferred: Vec::new(),
+            })
+            .as_ref(),
+        &ctl.driver_name,
+    )?;
+    let cluster = ctl.cluster(&place.cluster, &creds.user, &creds.key).await?;
     // The pool must exist; its usage is what we can report per pool.
-    cluster
-        .pool_stats(&params.pool)
-        .await
-        .map_err(ceph_status)?;
+    cluster.pool_stats(&place.pool).await.map_err(ceph_status)?;
     let stats = cluster.cluster_stats().await.map_err(ceph_status)?;
     Ok(csi::GetCapacityResponse {
         available_capacity: to_i64(stats.avail_bytes),

@@ -67,7 +67,7 @@ pub(crate) async fn unmap(
         .find(|m| m.device == mapped.device && !m.maps(image))
     {
         tracing::warn!(device = %mapped.device.display(), image = %image,
-            now = %format!("{}/{}", other.pool, other.image),
+            now = %format!("{}/{}/{}", other.pool, other.namespace, other.image),
             "recorded device now maps another image; leaving it mapped");
     }
     let Some(device) = device_to_unmap(mappings, &mapped.device, image) else {

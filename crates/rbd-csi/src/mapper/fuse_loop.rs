@@ -262,7 +262,7 @@ impl Mapper for FuseLoopMapper {
                 self.teardown_instance(&mut instance, &attachment).await?;
             }
             return Err(MapError::ImageNotFound {
-                pool: image.pool.clone(),
+                pool: ceph_rbd::pool_spec(&image.pool, &image.namespace),
                 image: image.image.clone(),
             });
         }
@@ -389,7 +389,9 @@ async fn write_instance_files(
     .await
 }
 
-/// Stable id of the rbd-fuse instance for (monitors, pool, user).
+/// Stable id of the rbd-fuse instance for (monitors, pool, namespace, user): one instance serves
+/// one namespace (`rbd-fuse -s`). The default namespace hashes as before namespaces existed, so
+/// instances of older records keep their id.
 #[must_use]
 pub fn instance_id(image: &ImageSpec) -> String {
     let mut h = Sha256::new();
@@ -398,14 +400,19 @@ pub fn instance_id(image: &ImageSpec) -> String {
     h.update(image.pool.as_bytes());
     h.update([0]);
     h.update(image.user.as_bytes());
+    if !image.namespace.is_empty() {
+        h.update([0]);
+        h.update(image.namespace.as_bytes());
+    }
     let digest = h.finalize();
     crate::volume::hex(&digest[..8])
 }
 
-/// The `rbd-fuse` arguments: foreground (our child), private conf, user, pool. No key.
+/// The `rbd-fuse` arguments: foreground (our child), private conf, user, pool, namespace
+/// (`-s`, Ceph 16's rbd-fuse has it) when not the default one. No key.
 #[must_use]
 pub fn fuse_args(conf: &Path, image: &ImageSpec, mnt: &Path) -> Vec<String> {
-    vec![
+    let mut args = vec![
         "-f".into(),
         "-c".into(),
         conf.to_string_lossy().into_owned(),
@@ -413,8 +420,12 @@ pub fn fuse_args(conf: &Path, image: &ImageSpec, mnt: &Path) -> Vec<String> {
         image.user.clone(),
         "-p".into(),
         image.pool.clone(),
-        mnt.to_string_lossy().into_owned(),
-    ]
+    ];
+    if !image.namespace.is_empty() {
+        args.extend(["-s".into(), image.namespace.clone()]);
+    }
+    args.push(mnt.to_string_lossy().into_owned());
+    args
 }
 
 /// A keyring file's text for `client.<user>`.
@@ -488,6 +499,7 @@ mod tests {
         ImageSpec {
             monitors: "127.0.0.1:40000".into(),
             pool: "rbd".into(),
+            namespace: String::new(),
             image: "img".into(),
             user: user.into(),
         }

@@ -93,7 +93,7 @@ pub fn mappings(root: &Path) -> io::Result<Vec<Mapping>> {
 pub fn map_args(image: &ImageSpec, keyfile: &Path, map_options: Option<&str>) -> Vec<String> {
     let mut args = vec![
         "map".to_owned(),
-        format!("{}/{}", image.pool, image.image),
+        image.spec(),
         "--id".to_owned(),
         image.user.clone(),
         "-m".to_owned(),
@@ -203,6 +203,7 @@ mod tests {
         ImageSpec {
             monitors: "127.0.0.1:6789".into(),
             pool: pool.into(),
+            namespace: String::new(),
             image: name.into(),
             user: "admin".into(),
         }
@@ -312,6 +313,7 @@ mod tests {
         ImageSpec {
             monitors: "10.0.0.1:6789,10.0.0.2:6789".into(),
             pool: "kube".into(),
+            namespace: String::new(),
             image: "pvc-1".into(),
             user: "kube".into(),
         }

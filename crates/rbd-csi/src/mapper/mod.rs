@@ -80,14 +80,31 @@ pub struct ImageSpec {
     /// Comma-separated `host:port` monitor list.
     pub monitors: String,
     pub pool: String,
+    /// RADOS namespace; empty for the pool's default namespace (records written before
+    /// namespaces existed have none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
     pub image: String,
     /// Ceph user id without the `client.` prefix.
     pub user: String,
 }
 
+impl ImageSpec {
+    /// `pool/image`, or `pool/namespace/image` in a namespace: the image spec `rbd map` and
+    /// `rbd-nbd map` take.
+    #[must_use]
+    pub fn spec(&self) -> String {
+        if self.namespace.is_empty() {
+            format!("{}/{}", self.pool, self.image)
+        } else {
+            format!("{}/{}/{}", self.pool, self.namespace, self.image)
+        }
+    }
+}
+
 impl fmt::Display for ImageSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.pool, self.image)
+        f.write_str(&self.spec())
     }
 }
 
@@ -204,13 +221,14 @@ pub struct Mapping {
 }
 
 impl Mapping {
-    /// Whether this is a mapping of `image` itself (default namespace, no snapshot): volumes of
-    /// this driver live in the pool's default namespace and are never snapshots.
+    /// Whether this is a mapping of `image` itself (same pool and namespace, no snapshot):
+    /// volumes of this driver are never snapshots, and the same image name in another namespace
+    /// is another image.
     #[must_use]
     pub fn maps(&self, image: &ImageSpec) -> bool {
         self.pool == image.pool
             && self.image == image.image
-            && self.namespace.is_empty()
+            && self.namespace == image.namespace
             && matches!(self.snap.as_str(), "" | "-")
     }
 }

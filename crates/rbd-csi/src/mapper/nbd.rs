@@ -40,7 +40,7 @@ impl NbdMapper {
 pub fn map_args(image: &ImageSpec, keyfile: &Path) -> Vec<String> {
     vec![
         "map".to_owned(),
-        format!("{}/{}", image.pool, image.image),
+        image.spec(),
         "--id".to_owned(),
         image.user.clone(),
         "-m".to_owned(),
@@ -142,6 +142,7 @@ mod tests {
         ImageSpec {
             monitors: "127.0.0.1:6789".into(),
             pool: "kube".into(),
+            namespace: String::new(),
             image: name.into(),
             user: "admin".into(),
         }
@@ -237,6 +238,7 @@ mod tests {
         let spec = ImageSpec {
             monitors: "m1:6789".into(),
             pool: "rbd".into(),
+            namespace: String::new(),
             image: "img".into(),
             user: "admin".into(),
         };
@@ -271,6 +273,7 @@ mod tests {
         let spec = ImageSpec {
             monitors: "127.0.0.1:1".into(),
             pool: "rbd".into(),
+            namespace: String::new(),
             image: "img".into(),
             user: "admin".into(),
         };

@@ -42,6 +42,12 @@ pub struct NodeConfig {
     pub krbd_map_options: Option<String>,
     /// `NodeGetInfo`'s `max_volumes_per_node` (0 = no limit).
     pub max_volumes_per_node: i64,
+    /// The cluster config, for volumes of a `clusterID` class (their monitors are looked up
+    /// when they are staged).
+    pub cluster_config: Option<std::sync::Arc<rbd_volume::clusters::ClusterConfigFile>>,
+    /// `NodeGetInfo`'s `accessible_topology` segments (`topology.<driver>/<domain>` to the
+    /// node's label value); empty: none reported.
+    pub topology: std::collections::BTreeMap<String, String>,
 }
 
 /// The Node service.
@@ -194,7 +200,14 @@ impl Node for NodeService {
         Ok(Response::new(csi::NodeGetInfoResponse {
             node_id: self.config.node_id.clone(),
             max_volumes_per_node: self.config.max_volumes_per_node,
-            accessible_topology: None,
+            accessible_topology: (!self.config.topology.is_empty()).then(|| csi::Topology {
+                segments: self
+                    .config
+                    .topology
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            }),
         }))
     }
 }

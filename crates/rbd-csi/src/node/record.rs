@@ -90,6 +90,7 @@ mod tests {
             image: ImageSpec {
                 monitors: "m".into(),
                 pool: "p".into(),
+                namespace: String::new(),
                 image: "i".into(),
                 user: "u".into(),
             },

@@ -12,6 +12,7 @@ use crate::proto::csi::volume_capability::access_mode::Mode;
 use crate::status::require_some;
 use crate::validate;
 use crate::volume::{VolumeId, context};
+use rbd_volume::clusters::{ClusterConfigFile, ClusterRef};
 
 /// How the workload accesses the volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,10 +93,62 @@ fn first_entry<'a, 'k>(
         .find(|(_, v)| !v.is_empty())
 }
 
+/// The monitors to stage with and where they came from: the context's `monitors`, else those of
+/// its `clusterID` (or the volume ID's cluster) as `clusters` says now.
+fn stage_monitors(
+    volume_id: &str,
+    volume_context: &HashMap<String, String>,
+    parsed: Option<&VolumeId>,
+    clusters: Option<&ClusterConfigFile>,
+) -> Result<(String, String), Status> {
+    if let Some(monitors) = first(volume_context, &[context::MONITORS]) {
+        return Ok((monitors.to_owned(), "volume_context.monitors".to_owned()));
+    }
+    let cluster = match (first(volume_context, &[context::CLUSTER_ID]), parsed) {
+        (Some(name), _) => {
+            validate::cluster_id("volume_context.clusterID", name)
+                .map_err(Status::invalid_argument)?;
+            ClusterRef::Named(name.to_owned())
+        }
+        (None, Some(parsed)) => parsed.cluster.clone(),
+        (None, None) => {
+            return Err(Status::invalid_argument(format!(
+                "volume_context.monitors (or clusterID) is required (volume id {volume_id:?} \
+                 does not carry it)"
+            )));
+        }
+    };
+    let monitors = cluster
+        .monitors(clusters)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok((monitors, format!("monitors of {cluster}")))
+}
+
+/// The RADOS namespace: the context's `radosNamespace`, else the volume ID's (default: none).
+fn stage_namespace(
+    volume_id: &str,
+    volume_context: &HashMap<String, String>,
+    parsed: Option<&VolumeId>,
+) -> Result<String, Status> {
+    let (namespace, field) = match first(volume_context, &[context::NAMESPACE]) {
+        Some(namespace) => (namespace, "volume_context.radosNamespace".to_owned()),
+        None => (
+            parsed.map_or("", |p| p.namespace.as_str()),
+            format!("volume_id {volume_id:?} (namespace)"),
+        ),
+    };
+    validate::namespace(&field, namespace).map_err(Status::invalid_argument)?;
+    Ok(namespace.to_owned())
+}
+
 /// Image, mapper and key of a `NodeStageVolume` call: location from `volume_context` (falling back
 /// to the volume ID), user from the context or the secret (`userID`, `adminId`; default `admin`),
 /// key from the secret (`userKey`, or `key` as in the in-tree plugin's secrets). Every value is
 /// checked against its safe character set ([`crate::validate`]) wherever it came from.
+///
+/// The monitors are the context's `monitors`; else those of its `clusterID` (or the `v2` volume
+/// ID's), looked up in `clusters` now, so a volume of a cluster whose monitors moved stages with
+/// the new ones. The namespace is the context's `radosNamespace`, else the volume ID's.
 ///
 /// # Errors
 /// `INVALID_ARGUMENT` naming what is missing or malformed.
@@ -104,6 +157,7 @@ pub fn stage_params(
     volume_context: &HashMap<String, String>,
     secrets: &HashMap<String, String>,
     default_mounter: MounterKind,
+    clusters: Option<&ClusterConfigFile>,
 ) -> Result<StageParams, Status> {
     let parsed = VolumeId::parse(volume_id).ok();
     // The value and the field it came from (for the message if it is malformed).
@@ -120,11 +174,9 @@ pub fn stage_params(
             })
     };
     let check = |result: Result<(), String>| result.map_err(Status::invalid_argument);
-    let (monitors, field) = pick(
-        context::MONITORS,
-        parsed.as_ref().map(|p| p.monitors.as_str()),
-    )?;
+    let (monitors, field) = stage_monitors(volume_id, volume_context, parsed.as_ref(), clusters)?;
     check(validate::monitors(&field, &monitors))?;
+    let namespace = stage_namespace(volume_id, volume_context, parsed.as_ref())?;
     let (pool, field) = pick(context::POOL, parsed.as_ref().map(|p| p.pool.as_str()))?;
     check(validate::pool(&field, &pool))?;
     let (image, field) = pick(context::IMAGE, parsed.as_ref().map(|p| p.image.as_str()))?;
@@ -155,6 +207,7 @@ pub fn stage_params(
         image: ImageSpec {
             monitors,
             pool,
+            namespace,
             image,
             user,
         },
@@ -189,6 +242,7 @@ mod tests {
             &map(&[("pool", "ctxpool"), ("userID", "kube"), ("mounter", "fuse")]),
             &map(&[("userKey", "AQB==")]),
             MounterKind::Krbd,
+            None,
         )
         .unwrap();
         assert_eq!(params.image.pool, "ctxpool");
@@ -206,11 +260,73 @@ mod tests {
             &HashMap::new(),
             &map(&[("key", "AQC==")]),
             MounterKind::Nbd,
+            None,
         )
         .unwrap();
         assert_eq!(params.image.user, "admin");
         assert_eq!(params.mounter, MounterKind::Nbd);
         assert_eq!(params.key.expose(), "AQC==");
+    }
+
+    #[test]
+    fn namespaced_and_named_volume_ids_stage_from_the_id_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(
+            &path,
+            r#"[{"clusterID": "site-a", "monitors": ["10.0.0.9:6789"]}]"#,
+        )
+        .unwrap();
+        let clusters = ClusterConfigFile::open(&path).unwrap();
+        let secrets = map(&[("userKey", "AQB==")]);
+        let params = stage_params(
+            "v2/site-a/kube/tenant-1/pvc-1",
+            &HashMap::new(),
+            &secrets,
+            MounterKind::Krbd,
+            Some(&clusters),
+        )
+        .unwrap();
+        assert_eq!(params.image.monitors, "10.0.0.9:6789");
+        assert_eq!(params.image.spec(), "kube/tenant-1/pvc-1");
+        // the context's clusterID and namespace win; monitors are looked up now
+        std::fs::write(
+            &path,
+            r#"[{"clusterID": "site-a", "monitors": ["10.0.0.10:6789"]}]"#,
+        )
+        .unwrap();
+        let params = stage_params(
+            "v2/site-a/kube/tenant-1/pvc-1",
+            &map(&[("clusterID", "site-a"), ("radosNamespace", "tenant-2")]),
+            &secrets,
+            MounterKind::Krbd,
+            Some(&clusters),
+        )
+        .unwrap();
+        assert_eq!(params.image.monitors, "10.0.0.10:6789");
+        assert_eq!(params.image.namespace, "tenant-2");
+        let err = stage_params(
+            "v2/site-b/kube/pvc-1",
+            &HashMap::new(),
+            &secrets,
+            MounterKind::Krbd,
+            Some(&clusters),
+        )
+        .unwrap_err();
+        assert!(err.message().contains("site-b"), "{}", err.message());
+        let err = stage_params(
+            "v2/site-a/kube/pvc-1",
+            &HashMap::new(),
+            &secrets,
+            MounterKind::Krbd,
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.message().contains("--cluster-config"),
+            "{}",
+            err.message()
+        );
     }
 
     #[test]
@@ -220,6 +336,7 @@ mod tests {
             &HashMap::new(),
             &HashMap::new(),
             MounterKind::Krbd,
+            None,
         )
         .unwrap_err();
         assert!(err.message().contains("userKey"));
@@ -228,6 +345,7 @@ mod tests {
             &HashMap::new(),
             &map(&[("key", "k")]),
             MounterKind::Krbd,
+            None,
         )
         .unwrap_err();
         assert!(err.message().contains("volume_context.monitors"));
@@ -278,7 +396,7 @@ mod tests {
             if !secrets.contains_key("userKey") {
                 secrets.extend(key.clone());
             }
-            let err = stage_params(id, &map(ctx), &secrets, MounterKind::Krbd).unwrap_err();
+            let err = stage_params(id, &map(ctx), &secrets, MounterKind::Krbd, None).unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{field}");
             assert!(err.message().contains(field), "{field}: {}", err.message());
             assert!(!err.message().contains("AQB"), "{}", err.message());

@@ -39,6 +39,7 @@ pub(super) async fn stage(
         &req.volume_context,
         &req.secrets,
         node.config.default_mounter,
+        node.config.cluster_config.as_deref(),
     )?;
     let _guard = node.locks.lock_or_abort(volume_id)?;
 

@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use crate::id::ClusterRef;
 use crate::naming::hex;
 use crate::snapshot::snapshot_image_name;
 
@@ -32,39 +33,58 @@ pub fn member_image_name(group: &str, source_id: &str) -> String {
     snapshot_image_name(&format!("{group}/{source_id}"))
 }
 
-const GROUP_ID_PREFIX: &str = "g1";
+const GROUP_ID_PREFIXES: (&str, &str) = ("g1", "g2");
 
-/// Group snapshot IDs: `g1/<monitors>/<pool>/<csi-group-...>`.
+/// Group snapshot IDs, shaped like volume IDs ([`crate::id`]):
+/// `g1/<monitors>/<pool>[/<namespace>]/<csi-group-...>`, or `g2/<clusterID>/...` for a cluster
+/// named in the cluster config.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupSnapshotId {
-    pub monitors: String,
+    pub cluster: ClusterRef,
     pub pool: String,
+    /// RADOS namespace; empty for the default one.
+    pub namespace: String,
     pub group: String,
 }
 
 impl GroupSnapshotId {
+    /// A group snapshot in the default namespace of the cluster at `monitors` (a `g1` ID).
     #[must_use]
     pub fn new(monitors: &str, pool: &str, group: &str) -> Self {
+        Self::located(ClusterRef::Monitors(monitors.to_owned()), pool, "", group)
+    }
+
+    /// A group snapshot in `pool`'s namespace `namespace` (empty: the default one) of `cluster`.
+    #[must_use]
+    pub fn located(cluster: ClusterRef, pool: &str, namespace: &str, group: &str) -> Self {
         Self {
-            monitors: monitors.to_owned(),
+            cluster,
             pool: pool.to_owned(),
+            namespace: namespace.to_owned(),
             group: group.to_owned(),
         }
     }
 
-    /// Parses `g1/<monitors>/<pool>/csi-group-<32 hex digits>`.
+    /// Parses `g1/<monitors>/<pool>[/<namespace>]/csi-group-<32 hex digits>` or `g2/<clusterID>/...`.
     ///
     /// # Errors
     /// A message saying what is malformed.
     pub fn parse(id: &str) -> Result<Self, String> {
-        crate::id::split(GROUP_ID_PREFIX, id)
-            .filter(|(_, _, group)| is_group_name(group))
-            .map(|(monitors, pool, group)| Self::new(monitors, pool, group))
+        crate::id::split(GROUP_ID_PREFIXES.0, GROUP_ID_PREFIXES.1, id)
+            .filter(|(_, _, _, group)| is_group_name(group))
+            .map(|(cluster, pool, namespace, group)| Self::located(cluster, pool, namespace, group))
             .ok_or_else(|| {
                 format!(
-                    "malformed group snapshot id {id:?} (expected g1/<monitors>/<pool>/csi-group-<32 hex digits>)"
+                    "malformed group snapshot id {id:?} (expected g1/<monitors>/<pool>[/<namespace>]/csi-group-<32 hex digits> \
+                     or g2/<clusterID>/<pool>[/<namespace>]/csi-group-<32 hex digits>)"
                 )
             })
+    }
+
+    /// The pool spec the `ceph_rbd` calls take: `pool` or `pool/namespace`.
+    #[must_use]
+    pub fn pool_spec(&self) -> String {
+        ceph_rbd::pool_spec(&self.pool, &self.namespace)
     }
 
     /// The ID, checked against the length limit.
@@ -78,10 +98,13 @@ impl GroupSnapshotId {
 
 impl fmt::Display for GroupSnapshotId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
+        crate::id::join(
             f,
-            "{GROUP_ID_PREFIX}/{}/{}/{}",
-            self.monitors, self.pool, self.group
+            GROUP_ID_PREFIXES,
+            &self.cluster,
+            &self.pool,
+            &self.namespace,
+            &self.group,
         )
     }
 }
