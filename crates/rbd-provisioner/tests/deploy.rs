@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use clap::Parser;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -87,4 +89,82 @@ fn the_csi_overlay_and_examples_render() {
     let class = find(&examples, "StorageClass", "rbd");
     assert_eq!(class["provisioner"], "ceph.com/rbd");
     find(&examples, "PersistentVolumeClaim", "data-block");
+}
+
+/// The cluster-config component on the base, as an operator's overlay would combine them (an
+/// overlay inside deploy/ would be a cycle for kustomize, so a temporary one beside it).
+#[test]
+fn the_clusters_component_mounts_the_config_the_flag_names_and_its_classes_parse() {
+    let overlay = tempfile::Builder::new()
+        .prefix(".kustomize-clusters-")
+        .tempdir_in(repo())
+        .unwrap();
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        "resources: [../deploy]\ncomponents: [../deploy/clusters]\n",
+    )
+    .unwrap();
+    let Some(docs) = render(overlay.path().to_str().unwrap()) else {
+        return;
+    };
+    let deployment = find(&docs, "Deployment", "rbd-provisioner");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args: Vec<String> = container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let cli = rbd_provisioner::cli::Cli::try_parse_from(
+        std::iter::once("rbd-provisioner".to_string()).chain(args),
+    )
+    .unwrap();
+    let path = cli.provisioner.cluster_config.expect("--cluster-config");
+    assert_eq!(
+        cli.provisioner.topology_labels.0,
+        ["topology.kubernetes.io/zone"]
+    );
+    // the flag's directory is a mount (no subPath: the kubelet then updates it) of a ConfigMap in
+    // the provisioner's namespace whose key is the flag's file name
+    let mount = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| Path::new(m["mountPath"].as_str().unwrap()) == path.parent().unwrap())
+        .expect("a mount of the --cluster-config directory");
+    assert!(mount["subPath"].is_null());
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    let config_map = find(
+        &docs,
+        "ConfigMap",
+        volume["configMap"]["name"].as_str().unwrap(),
+    );
+    assert_eq!(
+        config_map["metadata"]["namespace"],
+        deployment["metadata"]["namespace"]
+    );
+    let file = path.file_name().unwrap().to_str().unwrap();
+    let config =
+        rbd_volume::clusters::ClusterConfig::parse(config_map["data"][file].as_str().unwrap())
+            .unwrap();
+
+    // the example classes parse, and name clusters of that config
+    let Some(classes) = render("deploy/examples/clusters") else {
+        return;
+    };
+    assert_eq!(classes.len(), 3);
+    for class in &classes {
+        let params: std::collections::BTreeMap<String, String> =
+            serde_yaml::from_value(class["parameters"].clone()).unwrap();
+        let parsed = rbd_provisioner::params::Parameters::parse(&params)
+            .unwrap_or_else(|e| panic!("{:?}: {e}", class["metadata"]["name"]));
+        let id = parsed.cluster_id.expect("clusterID");
+        assert!(config.lookup(&id).is_ok(), "{id}");
+    }
 }
