@@ -5,12 +5,14 @@
 //!   `rbd.radosNamespace` (a `clusterID` class), else the pool's default namespace.
 //! - **Topology** (ceph-csi's rules): the first pool of `topologyConstrainedPools` whose every
 //!   domain segment matches one of the `accessibility_requirements`' preferred topologies (in
-//!   order), then one of the requisite ones. Its `dataPool` replaces the class's. No requirements at
-//!   all: the class's `pool` (as ceph-csi). Requirements that no pool fits: `RESOURCE_EXHAUSTED`
+//!   order), then one of the requisite ones. Its `dataPool` (or none) replaces the class's, as in
+//!   ceph-csi. No requirements at all: the class's `pool` (as ceph-csi). Requirements that no pool fits: `RESOURCE_EXHAUSTED`
 //!   naming the topologies, which the external-provisioner turns into a reschedule of a
 //!   `WaitForFirstConsumer` claim (its `checkError`: `ResourceExhausted` with a selected node).
 //! - The volume's `accessible_topology` is the chosen pool's segments under
-//!   `topology.<driver name>/<domain>`, the keys the node plugins report.
+//!   `topology.<driver name>/<domain>`, the keys the node plugins report: every node the pool
+//!   serves (ceph-csi returns the whole requested topology instead, e.g. zone and rack for a
+//!   per-zone pool, which pins the volume to fewer nodes than can use it).
 
 use std::collections::BTreeMap;
 
@@ -113,9 +115,7 @@ pub fn place(
     };
     let prefix = topology_prefix(driver);
     placement.pool.clone_from(&pool.pool);
-    if pool.data_pool.is_some() {
-        placement.data_pool.clone_from(&pool.data_pool);
-    }
+    placement.data_pool.clone_from(&pool.data_pool);
     placement.topology = vec![csi::Topology {
         segments: pool
             .segments
@@ -193,7 +193,7 @@ mod tests {
         let placed = place(&p, None, Some(&req), DRIVER).unwrap();
         assert_eq!(
             (placed.pool.as_str(), placed.data_pool.as_deref()),
-            ("rbd-b", Some("ec"))
+            ("rbd-b", None)
         );
         assert_eq!(placed.topology, vec![topology(&[(&key, "b")])]);
         let req = csi::TopologyRequirement {

@@ -1,0 +1,384 @@
+//! Where `CreateVolume` puts volumes, against a private Ceph cluster: RADOS namespaces (images in
+//! each, deletes and listings never crossing), `clusterID` through a cluster config file edited
+//! while the driver runs, and `topologyConstrainedPools` picking the pool from
+//! `accessibility_requirements`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::controller::{MIB, create_request, secrets};
+use common::{TestServer, strings};
+use rbd_csi::proto::csi::{self, controller_client::ControllerClient};
+use rbd_csi::{ProbeCluster, Services};
+use rbd_volume::clusters::ClusterConfigFile;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const DRIVER: &str = "rbd.provisioner.ceph.io";
+
+fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn create_namespace(namespace: &str) {
+    let cluster = micro_ceph::cluster();
+    cluster
+        .rbd(&[
+            "namespace",
+            "create",
+            &format!("{}/{namespace}", cluster.pool),
+        ])
+        .unwrap();
+}
+
+fn create_pool(pool: &str) {
+    let cluster = micro_ceph::cluster();
+    let out = cluster
+        .cli("ceph")
+        .args(["osd", "pool", "create", pool, "8"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cluster.rbd(&["pool", "init", pool]).unwrap();
+}
+
+/// The images of `spec` (`pool` or `pool/namespace`).
+fn images(spec: &str) -> Vec<String> {
+    micro_ceph::cluster()
+        .rbd(&["ls", spec])
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn server_with(config: Option<&std::path::Path>) -> TestServer {
+    let cluster = micro_ceph::cluster();
+    let file = config.map(|p| std::sync::Arc::new(ClusterConfigFile::open(p).unwrap()));
+    TestServer::start(Services::All, |c| {
+        c.probe = Some(ProbeCluster {
+            monitors: cluster.monitors.clone(),
+            user: "admin".into(),
+            key: cluster.admin_key.clone(),
+        });
+        c.cluster_config = file;
+    })
+    .await
+}
+
+fn request(name: &str, params: &[(&str, &str)]) -> csi::CreateVolumeRequest {
+    let mut req = create_request(name, 8 * MIB);
+    req.parameters.remove("monitors");
+    req.parameters.extend(strings(params));
+    req
+}
+
+async fn create(
+    client: &mut ControllerClient<Channel>,
+    req: csi::CreateVolumeRequest,
+) -> Result<csi::Volume, tonic::Status> {
+    client
+        .create_volume(req)
+        .await
+        .map(|r| r.into_inner().volume.unwrap())
+}
+
+async fn delete(
+    client: &mut ControllerClient<Channel>,
+    volume_id: &str,
+) -> Result<(), tonic::Status> {
+    client
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: volume_id.to_owned(),
+            secrets: secrets(),
+        })
+        .await
+        .map(drop)
+}
+
+async fn listed_ids(client: &mut ControllerClient<Channel>) -> Vec<String> {
+    client
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .into_iter()
+        .filter_map(|e| e.volume.map(|v| v.volume_id))
+        .collect()
+}
+
+#[tokio::test]
+async fn volumes_of_two_namespaces_never_cross() {
+    let ceph = micro_ceph::cluster();
+    let (a, b) = (unique("tenant-a"), unique("tenant-b"));
+    create_namespace(&a);
+    create_namespace(&b);
+    let server = server_with(None).await;
+    let mut client = server.controller().await;
+    // one request name in both namespaces: the same image name, two images
+    let name = unique("pvc-ns");
+    let in_a = create(
+        &mut client,
+        request(
+            &name,
+            &[("monitors", &ceph.monitors), ("radosNamespace", &a)],
+        ),
+    )
+    .await
+    .unwrap();
+    let in_b = create(
+        &mut client,
+        request(
+            &name,
+            &[("monitors", &ceph.monitors), ("radosNamespace", &b)],
+        ),
+    )
+    .await
+    .unwrap();
+    let (spec_a, spec_b) = (format!("{}/{a}", ceph.pool), format!("{}/{b}", ceph.pool));
+    assert_eq!(
+        in_a.volume_id,
+        format!("v1/{}/{spec_a}/{name}", ceph.monitors)
+    );
+    assert_eq!(in_a.volume_context["radosNamespace"], a);
+    assert_eq!(images(&spec_a), vec![name.clone()]);
+    assert_eq!(images(&spec_b), vec![name.clone()]);
+    assert!(
+        !images(&ceph.pool).contains(&name),
+        "nothing in the default namespace"
+    );
+
+    // listing: each volume under its own namespace's ID, never the other's image
+    let listed = listed_ids(&mut client).await;
+    assert!(
+        listed.contains(&in_a.volume_id) && listed.contains(&in_b.volume_id),
+        "{listed:?}"
+    );
+    assert!(
+        !listed.contains(&format!("v1/{}/{}/{name}", ceph.monitors, ceph.pool)),
+        "{listed:?}"
+    );
+
+    // deleting a's volume leaves b's image of the same name
+    delete(&mut client, &in_a.volume_id).await.unwrap();
+    assert!(images(&spec_a).is_empty());
+    assert_eq!(images(&spec_b), vec![name.clone()]);
+    // an ID naming the default namespace finds nothing there and deletes nothing elsewhere
+    delete(
+        &mut client,
+        &format!("v1/{}/{}/{name}", ceph.monitors, ceph.pool),
+    )
+    .await
+    .unwrap();
+    assert_eq!(images(&spec_b), vec![name.clone()]);
+    delete(&mut client, &in_b.volume_id).await.unwrap();
+    assert!(images(&spec_b).is_empty());
+}
+
+#[tokio::test]
+async fn a_namespace_that_does_not_exist_is_refused_naming_rados_namespace() {
+    let ceph = micro_ceph::cluster();
+    let server = server_with(None).await;
+    let mut client = server.controller().await;
+    let missing = unique("never-created");
+    let name = unique("pvc-missing-ns");
+    let e = create(
+        &mut client,
+        request(
+            &name,
+            &[("monitors", &ceph.monitors), ("radosNamespace", &missing)],
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("radosNamespace") && e.message().contains(&missing),
+        "{}",
+        e.message()
+    );
+    assert!(!images(&ceph.pool).contains(&name), "nothing created");
+}
+
+/// Replaces the file's contents the way a ConfigMap volume does: a new file swapped in (a new
+/// inode, so the change is seen even within one timestamp tick).
+fn rewrite(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[tokio::test]
+async fn cluster_id_volumes_follow_edited_monitors_without_a_restart() {
+    let ceph = micro_ceph::cluster();
+    let namespace = unique("from-config");
+    create_namespace(&namespace);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    let config = |monitors: &str| {
+        serde_json::json!([{"clusterID": "micro", "monitors": [monitors],
+            "rbd": {"radosNamespace": namespace}}])
+        .to_string()
+    };
+    std::fs::write(&path, config(&ceph.monitors)).unwrap();
+    let server = server_with(Some(&path)).await;
+    let mut client = server.controller().await;
+
+    let name = unique("pvc-named");
+    let volume = create(&mut client, request(&name, &[("clusterID", "micro")]))
+        .await
+        .unwrap();
+    // the ID names the cluster, not its monitors; the namespace is the config entry's
+    let spec = format!("{}/{namespace}", ceph.pool);
+    assert_eq!(volume.volume_id, format!("v2/micro/{spec}/{name}"));
+    assert_eq!(volume.volume_context["clusterID"], "micro");
+    assert!(!volume.volume_context.contains_key("monitors"));
+    assert_eq!(images(&spec), vec![name.clone()]);
+
+    // monitors and clusterID together, and an unknown cluster, are refused naming the parameter
+    let e = create(
+        &mut client,
+        request(
+            &unique("pvc"),
+            &[("clusterID", "micro"), ("monitors", &ceph.monitors)],
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("clusterID") && e.message().contains("monitors"),
+        "{}",
+        e.message()
+    );
+    let e = create(
+        &mut client,
+        request(&unique("pvc"), &[("clusterID", "elsewhere")]),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("\"elsewhere\"") && e.message().contains("micro"),
+        "{}",
+        e.message()
+    );
+
+    // the monitors move (here: to an address where nothing answers): the next call uses them
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    rewrite(&path, &config(&dead));
+    let expand = |bytes: i64| csi::ControllerExpandVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        secrets: secrets(),
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    let e = client
+        .controller_expand_volume(expand(16 * MIB))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        e.message().contains(&dead),
+        "the edited monitors were used: {}",
+        e.message()
+    );
+    // and back at the right address, the same volume ID works again, no restart
+    rewrite(&path, &config(&ceph.monitors));
+    let grown = client
+        .controller_expand_volume(expand(16 * MIB))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 16 * MIB);
+    delete(&mut client, &volume.volume_id).await.unwrap();
+    assert!(images(&spec).is_empty());
+}
+
+fn topology(zone: &str) -> csi::Topology {
+    csi::Topology {
+        segments: HashMap::from([(format!("topology.{DRIVER}/zone"), zone.to_owned())]),
+    }
+}
+
+#[tokio::test]
+async fn topology_constrained_pools_pick_the_pool_of_the_requested_zone() {
+    let ceph = micro_ceph::cluster();
+    let zone_b_pool = unique("zone-b");
+    create_pool(&zone_b_pool);
+    let pools = serde_json::json!([
+        {"poolName": ceph.pool, "domainSegments": [{"domainLabel": "zone", "value": "a"}]},
+        {"poolName": zone_b_pool, "domainSegments": [{"domainLabel": "zone", "value": "b"}]}
+    ])
+    .to_string();
+    let server = server_with(None).await;
+    let mut client = server.controller().await;
+    let params = [
+        ("monitors", ceph.monitors.as_str()),
+        ("topologyConstrainedPools", pools.as_str()),
+    ];
+
+    // preferred b (the selected node's zone), requisite a and b: b's pool
+    let name = unique("pvc-zone-b");
+    let mut req = request(&name, &params);
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![topology("a"), topology("b")],
+        preferred: vec![topology("b")],
+    });
+    let volume = create(&mut client, req).await.unwrap();
+    assert_eq!(volume.accessible_topology, vec![topology("b")]);
+    assert_eq!(volume.volume_context["pool"], zone_b_pool);
+    assert_eq!(images(&zone_b_pool), vec![name.clone()]);
+    assert!(!images(&ceph.pool).contains(&name));
+
+    // only requisite c then a: a's pool
+    let name_a = unique("pvc-zone-a");
+    let mut req = request(&name_a, &params);
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![topology("c"), topology("a")],
+        preferred: Vec::new(),
+    });
+    let volume_a = create(&mut client, req).await.unwrap();
+    assert_eq!(volume_a.accessible_topology, vec![topology("a")]);
+    assert!(images(&ceph.pool).contains(&name_a));
+
+    // a zone no pool serves: RESOURCE_EXHAUSTED (the external-provisioner reschedules), nothing made
+    let name_c = unique("pvc-zone-c");
+    let mut req = request(&name_c, &params);
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![topology("c")],
+        preferred: vec![topology("c")],
+    });
+    let e = create(&mut client, req).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("zone=c"), "{}", e.message());
+    assert!(!images(&ceph.pool).contains(&name_c) && !images(&zone_b_pool).contains(&name_c));
+
+    delete(&mut client, &volume.volume_id).await.unwrap();
+    delete(&mut client, &volume_a.volume_id).await.unwrap();
+    assert!(images(&zone_b_pool).is_empty());
+}
