@@ -211,17 +211,32 @@ pub fn replacement(
         .as_ref()
         .and_then(|s| s.rbd.as_ref())
         .ok_or("the PV has no spec.rbd source")?;
-    let handle = VolumeId::new(&legacy.monitors, &legacy.pool, &legacy.image).encode()?;
+    // a PV made through a clusterID keeps naming the cluster (a v2 handle: monitors looked up
+    // at use time), not the monitors written into its in-tree source back then
+    let cluster_id = old
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::pv_build::ANN_CLUSTER_ID))
+        .filter(|id| !id.is_empty());
+    let cluster = match cluster_id {
+        Some(id) => rbd_volume::ClusterRef::Named(id.clone()),
+        None => rbd_volume::ClusterRef::Monitors(legacy.monitors.clone()),
+    };
+    let handle = VolumeId::located(cluster, &legacy.pool, "", &legacy.image).encode()?;
     let mut spec = old.spec.clone().unwrap_or_default();
     let block = spec.volume_mode.as_deref() == Some("Block");
     spec.rbd = None;
     spec.persistent_volume_reclaim_policy = Some(reclaim_policy.to_string());
-    let attributes = BTreeMap::from([
+    let mut attributes = BTreeMap::from([
         (context::MONITORS.to_string(), legacy.monitors.clone()),
         (context::POOL.to_string(), legacy.pool.clone()),
         (context::IMAGE.to_string(), legacy.image.clone()),
         (context::USER.to_string(), legacy.user.clone()),
     ]);
+    if let Some(id) = cluster_id {
+        attributes.insert(crate::pv_build::ATTR_CLUSTER_ID.to_string(), id.clone());
+    }
     spec.csi = Some(CSIPersistentVolumeSource {
         driver: driver.to_string(),
         volume_handle: handle,
@@ -394,6 +409,35 @@ mod tests {
         );
         let expand = csi.controller_expand_secret_ref.unwrap();
         assert_eq!(expand.name.as_deref(), Some("ceph-admin"));
+
+        // made through a clusterID: the handle names the cluster
+        let mut named = old.clone();
+        named
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(crate::pv_build::ANN_CLUSTER_ID.into(), "site-a".into());
+        let by_name = replacement(
+            &named,
+            &l,
+            "rbd.provisioner.ceph.io",
+            Some(&admin),
+            "Retain",
+        )
+        .unwrap();
+        let csi = by_name.spec.clone().unwrap().csi.unwrap();
+        assert!(is_replacement_of(
+            &by_name,
+            "rbd.provisioner.ceph.io",
+            "kube",
+            &l.image
+        ));
+        assert_eq!(
+            csi.volume_handle,
+            "v2/site-a/kube/kubernetes-dynamic-pvc-8c5a2f3e-0000-11e9-a1b2-0a580a000001"
+        );
+        assert_eq!(csi.volume_attributes.unwrap()["clusterID"], "site-a");
         assert!(is_replacement_of(
             &new,
             "rbd.provisioner.ceph.io",
