@@ -150,6 +150,21 @@ async fn snapshot(
         .await
         .map_err(|e| format!("{what}: reading it: {e}"))?
         .ok_or_else(|| format!("{what} not found"))?;
+    let content_name = snapshot_ready(&vs, &what)?;
+    let content = contents(client)
+        .get_opt(content_name)
+        .await
+        .map_err(|e| format!("{what}: reading VolumeSnapshotContent {content_name}: {e}"))?
+        .ok_or_else(|| format!("{what}: its VolumeSnapshotContent {content_name} not found"))?;
+    check_snapshot(claim, &vs, &content, drivers, &what)
+}
+
+/// The VolumeSnapshot may be restored from: not being deleted, ready, bound. Returns its
+/// content's name. Pure.
+///
+/// # Errors
+/// Which of those it is not, prefixed with `what`.
+pub fn snapshot_ready<'a>(vs: &'a DynamicObject, what: &str) -> Result<&'a str, String> {
     if vs.metadata.deletion_timestamp.is_some() {
         return Err(format!("{what} is being deleted"));
     }
@@ -163,14 +178,25 @@ async fn snapshot(
             "{what} is not ready to use (status.readyToUse is not true)"
         ));
     }
-    let content_name = str_at(&vs.data, "/status/boundVolumeSnapshotContentName")
+    str_at(&vs.data, "/status/boundVolumeSnapshotContentName")
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| format!("{what} is not bound to a VolumeSnapshotContent"))?;
-    let content = contents(client)
-        .get_opt(content_name)
-        .await
-        .map_err(|e| format!("{what}: reading VolumeSnapshotContent {content_name}: {e}"))?
-        .ok_or_else(|| format!("{what}: its VolumeSnapshotContent {content_name} not found"))?;
+        .ok_or_else(|| format!("{what} is not bound to a VolumeSnapshotContent"))
+}
+
+/// external-provisioner's checks of a restore from `vs` bound to `content`. Pure.
+///
+/// # Errors
+/// The first failed check, naming the field.
+pub fn check_snapshot(
+    claim: &PersistentVolumeClaim,
+    vs: &DynamicObject,
+    content: &DynamicObject,
+    drivers: &[&str],
+    what: &str,
+) -> Result<Resolved, String> {
+    let name = vs.metadata.name.as_deref().unwrap_or_default();
+    let ns = vs.metadata.namespace.as_deref().unwrap_or_default();
+    let content_name = content.metadata.name.as_deref().unwrap_or_default();
     let c = &content.data;
     let ref_ok = str_at(c, "/spec/volumeSnapshotRef/name") == Some(name)
         && str_at(c, "/spec/volumeSnapshotRef/namespace") == Some(ns)
@@ -243,16 +269,36 @@ async fn volume(
         .await
         .map_err(|e| format!("{what}: reading it: {e}"))?
         .ok_or_else(|| format!("{what} not found"))?;
+    let pv_name = check_source_claim(claim, &source, &what)?;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let pv = pvs
+        .get_opt(pv_name)
+        .await
+        .map_err(|e| format!("{what}: reading its PersistentVolume {pv_name}: {e}"))?
+        .ok_or_else(|| format!("{what}: its PersistentVolume {pv_name} not found"))?;
+    check_source_volume(&source, &pv, csi_driver, &what)
+}
+
+/// external-provisioner's checks of the claim `source` a new `claim` is cloned from: not
+/// being deleted, Bound, names a class, its request not larger, the same volume mode. Returns
+/// the source's PV name. Pure.
+///
+/// # Errors
+/// The first failed check, naming the field.
+pub fn check_source_claim<'a>(
+    claim: &PersistentVolumeClaim,
+    source: &'a PersistentVolumeClaim,
+    what: &str,
+) -> Result<&'a str, String> {
     if source.metadata.deletion_timestamp.is_some() {
         return Err(format!("{what} is being deleted"));
     }
     if source.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
         return Err(format!("{what} is not Bound"));
     }
-    let spec = source.spec.clone().unwrap_or_default();
+    let spec = source.spec.as_ref();
     if spec
-        .storage_class_name
-        .as_deref()
+        .and_then(|s| s.storage_class_name.as_deref())
         .unwrap_or_default()
         .is_empty()
     {
@@ -260,7 +306,7 @@ async fn volume(
             "{what} names no StorageClass (spec.storageClassName)"
         ));
     }
-    if let (Some(requested), Some(source_size)) = (request_bytes(claim), request_bytes(&source))
+    if let (Some(requested), Some(source_size)) = (request_bytes(claim), request_bytes(source))
         && requested < source_size
     {
         return Err(format!(
@@ -268,23 +314,31 @@ async fn volume(
              {what} ({source_size} bytes)"
         ));
     }
-    if volume_mode(claim) != volume_mode(&source) {
+    if volume_mode(claim) != volume_mode(source) {
         return Err(format!(
             "spec.volumeMode {:?} differs from the volume mode {:?} of {what}",
             volume_mode(claim),
-            volume_mode(&source)
+            volume_mode(source)
         ));
     }
-    let pv_name = spec
-        .volume_name
+    spec.and_then(|s| s.volume_name.as_deref())
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| format!("{what} has no spec.volumeName"))?;
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let pv = pvs
-        .get_opt(&pv_name)
-        .await
-        .map_err(|e| format!("{what}: reading its PersistentVolume {pv_name}: {e}"))?
-        .ok_or_else(|| format!("{what}: its PersistentVolume {pv_name} not found"))?;
+        .ok_or_else(|| format!("{what} has no spec.volumeName"))
+}
+
+/// The source claim's PV is Bound to it and is ours. Pure.
+///
+/// # Errors
+/// Which of those it is not.
+pub fn check_source_volume(
+    source: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+    csi_driver: &str,
+    what: &str,
+) -> Result<Resolved, String> {
+    let name = source.metadata.name.as_deref().unwrap_or_default();
+    let ns = source.metadata.namespace.as_deref().unwrap_or_default();
+    let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
     let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
     let bound_to_it = claim_ref.is_some_and(|r| {
         r.name.as_deref() == Some(name)
@@ -296,7 +350,7 @@ async fn volume(
             "{what}: its PersistentVolume {pv_name} is not Bound to it (spec.claimRef)"
         ));
     }
-    let location = image_location(&pv, csi_driver).ok_or_else(|| {
+    let location = image_location(pv, csi_driver).ok_or_else(|| {
         format!(
             "{what}: its PersistentVolume {pv_name} is not one of ours (no rbd source, no csi \
              source of driver {csi_driver})"
@@ -434,5 +488,198 @@ pub async fn release_source(
             let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
             remove_finalizer(&api, name, CLONE_SOURCE_FINALIZER).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DRIVERS: [&str; 2] = ["rbd.provisioner.ceph.io", "ceph.com/rbd"];
+    const HANDLE: &str = "s1/10.0.0.1:6789/rbd/csi-snap-0123456789abcdef0123456789abcdef";
+
+    fn claim(size: &str, mode: &str) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "new", "namespace": "ns", "uid": "u-new"},
+            "spec": {
+                "storageClassName": "rbd",
+                "volumeMode": mode,
+                "resources": {"requests": {"storage": size}},
+            },
+        }))
+        .unwrap()
+    }
+
+    fn vs() -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+            "metadata": {"name": "snap", "namespace": "ns", "uid": "u-vs"},
+            "status": {"readyToUse": true, "boundVolumeSnapshotContentName": "c", "restoreSize": "1Gi"},
+        }))
+        .unwrap()
+    }
+
+    fn content() -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+            "metadata": {"name": "c"},
+            "spec": {
+                "driver": "rbd.provisioner.ceph.io",
+                "sourceVolumeMode": "Filesystem",
+                "volumeSnapshotRef": {"name": "snap", "namespace": "ns", "uid": "u-vs"},
+            },
+            "status": {"snapshotHandle": HANDLE, "readyToUse": true},
+        }))
+        .unwrap()
+    }
+
+    fn check(
+        claim: &PersistentVolumeClaim,
+        vs: &DynamicObject,
+        c: &DynamicObject,
+    ) -> Result<Resolved, String> {
+        check_snapshot(
+            claim,
+            vs,
+            c,
+            &DRIVERS,
+            "spec.dataSource: VolumeSnapshot ns/snap",
+        )
+    }
+
+    #[test]
+    fn a_ready_snapshot_of_our_driver_restores_into_an_equal_or_larger_claim() {
+        for size in ["1Gi", "2Gi"] {
+            match check(&claim(size, "Filesystem"), &vs(), &content()).unwrap() {
+                Resolved::Snapshot { vs, handle, id } => {
+                    assert_eq!((vs.as_str(), handle.as_str()), ("snap", HANDLE));
+                    assert_eq!(id.pool, "rbd");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(snapshot_ready(&vs(), "x").unwrap(), "c");
+    }
+
+    #[test]
+    fn restores_are_refused_with_the_field_named() {
+        let e = check(&claim("512Mi", "Filesystem"), &vs(), &content()).unwrap_err();
+        assert!(
+            e.starts_with(
+                "spec.resources.requests.storage (536870912 bytes) is smaller than the restore size"
+            ),
+            "{e}"
+        );
+        let e = check(&claim("1Gi", "Block"), &vs(), &content()).unwrap_err();
+        assert!(e.starts_with("spec.volumeMode \"Block\" differs"), "{e}");
+        let mut allowed = content();
+        allowed.metadata.annotations =
+            Some([(ANN_ALLOW_MODE_CHANGE.to_string(), "true".to_string())].into());
+        assert!(check(&claim("1Gi", "Block"), &vs(), &allowed).is_ok());
+        let mut other = content();
+        other.data["spec"]["driver"] = json!("other.csi.io");
+        assert!(
+            check(&claim("1Gi", "Filesystem"), &vs(), &other)
+                .unwrap_err()
+                .contains("spec.driver \"other.csi.io\"")
+        );
+        let mut rebound = content();
+        rebound.data["spec"]["volumeSnapshotRef"]["uid"] = json!("u-old");
+        assert!(
+            check(&claim("1Gi", "Filesystem"), &vs(), &rebound)
+                .unwrap_err()
+                .contains("spec.volumeSnapshotRef")
+        );
+        let mut no_handle = content();
+        no_handle.data["status"] = json!({"readyToUse": true});
+        assert!(
+            check(&claim("1Gi", "Filesystem"), &vs(), &no_handle)
+                .unwrap_err()
+                .contains("status.snapshotHandle")
+        );
+        let mut unready = vs();
+        unready.data["status"]["readyToUse"] = json!(false);
+        assert!(
+            snapshot_ready(&unready, "x")
+                .unwrap_err()
+                .contains("status.readyToUse")
+        );
+        let mut deleting = vs();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(
+            snapshot_ready(&deleting, "x")
+                .unwrap_err()
+                .contains("being deleted")
+        );
+    }
+
+    fn source(phase: &str) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "src", "namespace": "ns", "uid": "u-src"},
+            "spec": {
+                "storageClassName": "rbd", "volumeMode": "Filesystem", "volumeName": "pvc-src",
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    fn pv(driver: &str, uid: &str) -> PersistentVolume {
+        serde_json::from_value(json!({
+            "metadata": {"name": "pvc-src"},
+            "spec": {
+                "claimRef": {"name": "src", "namespace": "ns", "uid": uid},
+                "csi": {"driver": driver, "volumeHandle": "v1/10.0.0.1:6789/rbd/img"},
+            },
+            "status": {"phase": "Bound"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_bound_claim_of_ours_clones_and_others_are_refused() {
+        let what = "spec.dataSource: PersistentVolumeClaim ns/src";
+        assert_eq!(
+            check_source_claim(&claim("1Gi", "Filesystem"), &source("Bound"), what).unwrap(),
+            "pvc-src"
+        );
+        match check_source_volume(&source("Bound"), &pv(DRIVERS[0], "u-src"), DRIVERS[0], what)
+            .unwrap()
+        {
+            Resolved::Volume { claim, location } => {
+                assert_eq!((claim.as_str(), location.image.as_str()), ("src", "img"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            check_source_claim(&claim("1Gi", "Filesystem"), &source("Pending"), what)
+                .unwrap_err()
+                .ends_with("is not Bound")
+        );
+        let e =
+            check_source_claim(&claim("100Mi", "Filesystem"), &source("Bound"), what).unwrap_err();
+        assert!(e.starts_with("spec.resources.requests.storage"), "{e}");
+        let e = check_source_claim(&claim("1Gi", "Block"), &source("Bound"), what).unwrap_err();
+        assert!(e.starts_with("spec.volumeMode"), "{e}");
+        let e = check_source_volume(
+            &source("Bound"),
+            &pv(DRIVERS[0], "u-other"),
+            DRIVERS[0],
+            what,
+        )
+        .unwrap_err();
+        assert!(e.contains("not Bound to it"), "{e}");
+        let e = check_source_volume(
+            &source("Bound"),
+            &pv("other.csi.io", "u-src"),
+            DRIVERS[0],
+            what,
+        )
+        .unwrap_err();
+        assert!(e.contains("not one of ours"), "{e}");
     }
 }
