@@ -920,7 +920,7 @@ pub async fn delete_volume(
         }
         other => other?,
     };
-    if let Some((ipool, iimage)) = intermediate.as_deref().and_then(|i| i.split_once('/'))
+    if let Some((ipool, iimage)) = intermediate.as_deref().and_then(|i| i.rsplit_once('/'))
         && is_internal_image(iimage)
     {
         remove_internal(cluster, ipool, iimage).await?;
