@@ -125,7 +125,7 @@ pub fn live_intermediates(
         if let Some((pool, image)) = recorded
             .meta
             .get(META_CLONE_INTERMEDIATE)
-            .and_then(|i| i.split_once('/'))
+            .and_then(|i| i.rsplit_once('/'))
         {
             live.insert((pool.to_owned(), image.to_owned()));
         }
