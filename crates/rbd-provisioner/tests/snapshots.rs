@@ -579,5 +579,11 @@ async fn the_content_controller_follows_the_leader() {
     replicas[leader].kill();
     create_snapshot(&h, "ha-2", "ha-src").await;
     wait_ready(&h, "ha-2").await;
-    assert!(replicas[standby].log_text().contains("snapshot ready"));
+    // the line is logged after the status write the snapshot's readiness comes from
+    let survivor = &replicas[standby];
+    h.until("the new leader's \"snapshot ready\" line", WAIT, || {
+        let done = survivor.log_text().contains("snapshot ready");
+        async move { done.then_some(()) }
+    })
+    .await;
 }
