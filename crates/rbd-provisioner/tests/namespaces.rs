@@ -140,11 +140,12 @@ async fn two_classes_on_one_pool_keep_their_volumes_in_their_namespaces() {
     assert_eq!(owner.trim(), pv1.metadata.name.as_deref().unwrap());
 
     // a namespace that does not exist: an event naming the parameter, nothing created
-    let message = h.wait_event("bad", "ProvisioningFailed").await;
-    assert!(
-        message.contains("radosNamespace") && message.contains("no-such-namespace"),
-        "{message}"
-    );
+    h.wait_event_containing(
+        "bad",
+        "ProvisioningFailed",
+        &["radosNamespace", "no-such-namespace"],
+    )
+    .await;
     assert!(
         h.ceph
             .rbd(&["ls", &format!("{pool}/no-such-namespace")])

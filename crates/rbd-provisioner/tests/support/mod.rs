@@ -320,6 +320,28 @@ impl Harness {
         .await
     }
 
+    /// Waits for an event with `reason` about `object` whose message contains every one of
+    /// `needles` (an earlier event of that reason may say something else, e.g. a class the
+    /// provisioner's cache did not have yet) and returns its message.
+    pub async fn wait_event_containing(
+        &self,
+        object: &str,
+        reason: &str,
+        needles: &[&str],
+    ) -> String {
+        self.until(
+            &format!("event {reason} on {object} naming {needles:?}"),
+            Duration::from_secs(30),
+            || async {
+                self.events_for(object).await.into_iter().find_map(|e| {
+                    (e.reason.as_deref() == Some(reason)).then_some(())?;
+                    e.message.filter(|m| needles.iter().all(|n| m.contains(n)))
+                })
+            },
+        )
+        .await
+    }
+
     pub fn image_name(pv: &PersistentVolume) -> String {
         let spec = pv.spec.as_ref().unwrap();
         if let Some(rbd) = &spec.rbd {
