@@ -84,6 +84,7 @@ async fn deploy_rbac_covers_every_request_of_a_full_run() {
             "--leader-election-retry-period=200ms",
             "--retry-interval-start=200ms",
             "--retry-interval-max=1s",
+            "--topology-labels=topology.kubernetes.io/zone",
         ],
         &[],
     );
@@ -136,7 +137,9 @@ async fn deploy_rbac_covers_every_request_of_a_full_run() {
     nodes
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "node-1"}})).unwrap(),
+            &serde_json::from_value(json!({"metadata": {"name": "node-1",
+                "labels": {"topology.kubernetes.io/zone": "a"}}}))
+            .unwrap(),
         )
         .await
         .unwrap();
@@ -145,8 +148,52 @@ async fn deploy_rbac_covers_every_request_of_a_full_run() {
         "metadata": {"name": "wffc"}, "provisioner": "ceph.com/rbd", "volumeBindingMode": "WaitForFirstConsumer",
     }))
     .unwrap();
-    wffc.parameters = Some(h.params().into_iter().collect());
+    // with per-zone pools: node-1's zone has one, node-2's has none (the claim is rescheduled:
+    // its selected-node annotation removed)
+    let mut params: std::collections::BTreeMap<String, String> = h.params().into_iter().collect();
+    params.insert(
+        "topologyConstrainedPools".into(),
+        json!([{"poolName": h.ceph.pool, "domainSegments": [{"domainLabel": "zone", "value": "a"}]}])
+            .to_string(),
+    );
+    wffc.parameters = Some(params);
     classes.create(&PostParams::default(), &wffc).await.unwrap();
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "node-2",
+                "labels": {"topology.kubernetes.io/zone": "b"}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    h.create_claim("elsewhere", "wffc", "8Mi", false).await;
+    let to_node_2 =
+        json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": "node-2"}}});
+    h.claims()
+        .patch(
+            "elsewhere",
+            &PatchParams::default(),
+            &Patch::Merge(&to_node_2),
+        )
+        .await
+        .unwrap();
+    h.wait_event_containing(
+        "elsewhere",
+        "ProvisioningFailed",
+        &["node-2", "asking the scheduler"],
+    )
+    .await;
+    h.until(
+        "selected-node removed from elsewhere",
+        std::time::Duration::from_secs(30),
+        || async {
+            let c = h.claims().get("elsewhere").await.ok()?;
+            let annotations = c.metadata.annotations.unwrap_or_default();
+            (!annotations.contains_key("volume.kubernetes.io/selected-node")).then_some(())
+        },
+    )
+    .await;
     h.create_claim("late", "wffc", "8Mi", false).await;
     let select =
         json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": "node-1"}}});
