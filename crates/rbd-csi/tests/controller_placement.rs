@@ -382,3 +382,80 @@ async fn topology_constrained_pools_pick_the_pool_of_the_requested_zone() {
     delete(&mut client, &volume_a.volume_id).await.unwrap();
     assert!(images(&zone_b_pool).is_empty());
 }
+
+#[tokio::test]
+async fn a_namespaced_cluster_id_volume_stages_from_its_id_and_context() {
+    let ceph = micro_ceph::cluster();
+    let namespace = unique("staged");
+    create_namespace(&namespace);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(
+        &path,
+        serde_json::json!([{"clusterID": "micro", "monitors": [ceph.monitors]}]).to_string(),
+    )
+    .unwrap();
+    let server = server_with(Some(&path)).await;
+    let mut client = server.controller().await;
+    let mut node = server.node().await;
+    // the same image name in the default namespace, smaller: staging must not pick it
+    let name = unique("pvc-staged");
+    ceph.rbd(&["create", "--size", "8M", &format!("{}/{name}", ceph.pool)])
+        .unwrap();
+    let mut req = request(
+        &name,
+        &[("clusterID", "micro"), ("radosNamespace", &namespace)],
+    );
+    req.capacity_range = Some(csi::CapacityRange {
+        required_bytes: 64 * MIB,
+        limit_bytes: 0,
+    });
+    let volume = create(&mut client, req).await.unwrap();
+    assert_eq!(
+        volume.volume_id,
+        format!("v2/micro/{}/{namespace}/{name}", ceph.pool)
+    );
+    // rbd-fuse serves the namespace (-s); the volume context carries no monitors
+    let staging = server.dir.path().join("ns/globalmount");
+    let stage = |context: HashMap<String, String>| csi::NodeStageVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(common::mount_cap("ext4")),
+        secrets: secrets(),
+        volume_context: context,
+        publish_context: HashMap::new(),
+    };
+    node.node_stage_volume(stage(volume.volume_context.clone()))
+        .await
+        .unwrap();
+    let total = rbd_csi::fs::usage(&staging).unwrap().total_bytes;
+    assert!(
+        total > 40 * 1024 * 1024,
+        "the 64 MiB image is staged, not the 8 MiB one: {total}"
+    );
+    std::fs::write(staging.join("f"), "in the namespace").unwrap();
+    let unstage = csi::NodeUnstageVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+    };
+    node.node_unstage_volume(unstage.clone()).await.unwrap();
+    // from the ID alone (no context, as after a migration): the same filesystem
+    node.node_stage_volume(stage(HashMap::from([(
+        "mounter".to_owned(),
+        "fuse".to_owned(),
+    )])))
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(staging.join("f")).unwrap(),
+        "in the namespace"
+    );
+    node.node_unstage_volume(unstage).await.unwrap();
+    common::volume::assert_nothing_left(&server);
+    delete(&mut client, &volume.volume_id).await.unwrap();
+    assert!(images(&format!("{}/{namespace}", ceph.pool)).is_empty());
+    // the default namespace's image of that name is untouched
+    assert!(images(&ceph.pool).contains(&name));
+    ceph.rbd(&["rm", "--no-progress", &format!("{}/{name}", ceph.pool)])
+        .unwrap();
+}

@@ -512,6 +512,28 @@ mod tests {
         let mut other_pool = spec("a");
         other_pool.pool = "kube".into();
         assert_ne!(instance_id(&spec("a")), instance_id(&other_pool));
+        // one instance per namespace too; the default namespace keeps the id it always had
+        let mut namespaced = spec("a");
+        namespaced.namespace = "tenant".into();
+        assert_ne!(instance_id(&spec("a")), instance_id(&namespaced));
+        let a = spec("a");
+        let before_namespaces = Sha256::digest(format!("{}\0{}\0{}", a.monitors, a.pool, a.user));
+        assert_eq!(instance_id(&a), crate::volume::hex(&before_namespaces[..8]));
+    }
+
+    #[test]
+    fn fuse_args_name_the_namespace_only_when_there_is_one() {
+        let mnt = Path::new("/run/x/mnt");
+        let conf = Path::new("/run/x/ceph.conf");
+        assert!(!fuse_args(conf, &spec("kube"), mnt).contains(&"-s".to_owned()));
+        let mut namespaced = spec("kube");
+        namespaced.namespace = "tenant".into();
+        let args = fuse_args(conf, &namespaced, mnt);
+        assert!(
+            args.windows(2).any(|w| w[0] == "-s" && w[1] == "tenant"),
+            "{args:?}"
+        );
+        assert_eq!(args.last().map(String::as_str), Some("/run/x/mnt"));
     }
 
     #[test]

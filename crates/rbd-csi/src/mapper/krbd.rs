@@ -338,6 +338,12 @@ mod tests {
             ]
         );
         assert!(!args.iter().any(|a| a == "--key" || a.contains("AQB")));
+        let mut namespaced = spec();
+        namespaced.namespace = "tenant".into();
+        assert_eq!(
+            map_args(&namespaced, Path::new("/k"), None)[1],
+            "kube/tenant/pvc-1"
+        );
     }
 
     #[tokio::test]
