@@ -242,14 +242,12 @@ impl RbdBackend {
         &self,
         cluster: &ceph_rbd::Cluster,
         new: &NewImage<'_>,
-        params: &Parameters,
         claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
         source: &crate::sources::Resolved,
         (class_cluster, class_monitors): (&ClusterRef, &str),
     ) -> Result<(), ProvisionError> {
         use crate::sources::Resolved;
         use rbd_volume::snapshot::{self, NewClone, SnapshotError, Source};
-        let _ = params;
         let ns = claim.metadata.namespace.as_deref().unwrap_or("default");
         let (source_cluster, source_pool, source_image, source_id, is_snapshot) = match source {
             Resolved::Snapshot { id, handle, .. } => {
@@ -372,11 +370,9 @@ impl Provisioner for RbdBackend {
             .unwrap_or_default();
         let source = self.pv_source(&params).await;
         if source == PvSource::InTree && !namespace.is_empty() {
-            return Err(ProvisionError::final_error(format!(
-                "StorageClass parameter \"radosNamespace\": in-tree rbd PVs cannot name a RADOS \
-                 namespace (Kubernetes' RBDPersistentVolumeSource has no field for it); use \
-                 pvSource: csi for namespace {namespace:?}"
-            )));
+            return Err(ProvisionError::final_error(
+                crate::pv_build::namespace_needs_csi(&namespace),
+            ));
         }
         let placement = place(
             &params,
@@ -443,7 +439,6 @@ impl Provisioner for RbdBackend {
                 self.clone_from(
                     &cluster,
                     &new,
-                    &params,
                     &options.claim,
                     source,
                     (&class_cluster, &class_monitors),

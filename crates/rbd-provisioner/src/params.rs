@@ -583,6 +583,55 @@ mod tests {
     }
 
     #[test]
+    fn cluster_id_replaces_monitors_and_exactly_one_is_given() {
+        let named = map(&[("clusterID", " site-a "), ("adminSecretName", "s")]);
+        let p = Parameters::parse(&named).unwrap();
+        assert_eq!(p.cluster_id.as_deref(), Some("site-a"));
+        assert!(p.monitors.is_empty());
+        let mut both = named.clone();
+        both.insert("monitors".into(), "m:1".into());
+        let e = Parameters::parse(&both).unwrap_err().to_string();
+        assert!(
+            e.contains("\"monitors\"") && e.contains("\"clusterID\""),
+            "{e}"
+        );
+        let e = Parameters::parse(&map(&[("adminSecretName", "s")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("monitors") && e.contains("clusterID"), "{e}");
+        for bad in ["", "a/b"] {
+            let m = map(&[("clusterID", bad), ("adminSecretName", "s")]);
+            assert_eq!(
+                Parameters::parse(&m).unwrap_err().key,
+                "clusterID",
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn namespaces_and_topology_pools_are_checked() {
+        let mut m = map(&minimal());
+        m.insert("radosNamespace".into(), "tenant-1".into());
+        m.insert(
+            "topologyConstrainedPools".into(),
+            r#"[{"poolName": "p-a", "domainSegments": [{"domainLabel": "zone", "value": "a"}]}]"#
+                .into(),
+        );
+        let p = Parameters::parse(&m).unwrap();
+        assert_eq!(p.rados_namespace.as_deref(), Some("tenant-1"));
+        assert_eq!(p.topology_pools.unwrap()[0].pool, "p-a");
+        m.insert("radosNamespace".into(), "a/b".into());
+        assert_eq!(Parameters::parse(&m).unwrap_err().key, "radosNamespace");
+        m.remove("radosNamespace");
+        m.insert("topologyConstrainedPools".into(), "[{".into());
+        assert_eq!(
+            Parameters::parse(&m).unwrap_err().key,
+            "topologyConstrainedPools"
+        );
+    }
+
+    #[test]
     fn an_alias_conflicting_with_its_key_is_an_error() {
         let mut m = map(&minimal());
         m.insert("fsType".into(), "ext4".into());

@@ -65,6 +65,15 @@ pub fn user_secret_namespace(params: &Parameters, claim: &PersistentVolumeClaim)
         .unwrap_or_else(|| "default".into())
 }
 
+/// Why a volume in RADOS namespace `namespace` cannot get an in-tree `rbd` PV.
+pub fn namespace_needs_csi(namespace: &str) -> String {
+    format!(
+        "StorageClass parameter \"radosNamespace\": in-tree rbd PVs cannot name a RADOS namespace \
+         (Kubernetes' RBDPersistentVolumeSource has no field for it); use pvSource: csi for \
+         namespace {namespace:?}"
+    )
+}
+
 /// Builds the PV the library will finish and save.
 pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, String> {
     let p = inputs.params;
@@ -84,12 +93,7 @@ pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, Strin
     };
     match inputs.source {
         PvSource::InTree if !inputs.namespace.is_empty() => {
-            return Err(format!(
-                "StorageClass parameter \"radosNamespace\": in-tree rbd PVs cannot name a RADOS \
-                 namespace (Kubernetes' RBDPersistentVolumeSource has no field for it); use \
-                 pvSource: csi for namespace {:?}",
-                inputs.namespace
-            ));
+            return Err(namespace_needs_csi(inputs.namespace));
         }
         PvSource::InTree => {
             spec.rbd = Some(RBDPersistentVolumeSource {
@@ -351,6 +355,63 @@ mod tests {
             "kubernetes-dynamic-pvc-abc"
         );
         assert_eq!(image_location(&pv, "other.driver"), None);
+    }
+
+    #[test]
+    fn cluster_names_namespaces_and_affinity_reach_the_pv_and_read_back() {
+        let (p, c) = (params(&[]), claim());
+        let zone = BTreeMap::from([("topology.kubernetes.io/zone".to_string(), "b".to_string())]);
+        let mut i = inputs(&p, &c, PvSource::InTree);
+        i.cluster_id = Some("site-b");
+        i.node_affinity = Some(&zone);
+        let pv = build_volume(&i).unwrap();
+        assert_eq!(
+            pv.metadata.annotations.as_ref().unwrap()[ANN_CLUSTER_ID],
+            "site-b"
+        );
+        let term = &pv
+            .spec
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .clone()
+            .unwrap()
+            .required
+            .unwrap()
+            .node_selector_terms[0];
+        let e = &term.match_expressions.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                e.key.as_str(),
+                e.operator.as_str(),
+                e.values.clone().unwrap()
+            ),
+            ("topology.kubernetes.io/zone", "In", vec!["b".to_string()])
+        );
+        // in-tree: the monitors are in the PV, the cluster is looked up by name
+        let loc = image_location(&pv, "x").unwrap();
+        assert_eq!(loc.cluster, ClusterRef::Named("site-b".into()));
+
+        i.namespace = "tenant-1";
+        assert!(build_volume(&i).unwrap_err().contains("radosNamespace"));
+        i.source = PvSource::Csi;
+        let pv = build_volume(&i).unwrap();
+        let csi = pv.spec.as_ref().unwrap().csi.clone().unwrap();
+        assert_eq!(
+            csi.volume_handle,
+            "v2/site-b/kube/tenant-1/kubernetes-dynamic-pvc-abc"
+        );
+        let attrs = csi.volume_attributes.unwrap();
+        assert_eq!(
+            (
+                attrs[ATTR_CLUSTER_ID].as_str(),
+                attrs[ATTR_NAMESPACE].as_str()
+            ),
+            ("site-b", "tenant-1")
+        );
+        let loc = image_location(&pv, "rbd.provisioner.ceph.io").unwrap();
+        assert_eq!(loc.pool_spec(), "kube/tenant-1");
+        assert_eq!(loc.cluster, ClusterRef::Named("site-b".into()));
     }
 
     #[test]
