@@ -40,7 +40,7 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 
 use rbd_volume::snapshot::{SnapshotDeleted, SnapshotOwner, is_internal_image};
-use rbd_volume::{Claimant, ClusterConfigFile, ClusterRef, Deleted, Hooks};
+use rbd_volume::{Claimant, ClusterConfigFile, Deleted, Hooks};
 
 use crate::cli::KubeArgs;
 use crate::image::{META_CLAIM, META_PROVISIONER, Owner};
@@ -401,10 +401,6 @@ async fn scan(
                 continue;
             }
         };
-        let cluster_ref = match &params.cluster_id {
-            Some(id) => ClusterRef::Named(id.clone()),
-            None => ClusterRef::Monitors(params.monitors_string()),
-        };
         let info = match &params.cluster_id {
             Some(id) => match clusters.map(|c| c.lookup(id)) {
                 Some(Ok(info)) => Some(info),
@@ -436,10 +432,13 @@ async fn scan(
         for p in params.topology_pools.iter().flatten() {
             class_pools.push(p.pool.clone());
         }
+        // a cluster named by a class (clusterID) and given by monitors in another is scanned
+        // once: the key is the resolved monitors
+        let monitors = crate::monitors::resolve(&monitors).await?;
         let specs: Vec<String> = class_pools
             .iter()
             .map(|pool| ceph_rbd::pool_spec(pool, &namespace))
-            .filter(|spec| seen.insert((cluster_ref.clone(), spec.clone())))
+            .filter(|spec| seen.insert((monitors.clone(), spec.clone())))
             .collect();
         if specs.is_empty() {
             continue;
@@ -450,7 +449,6 @@ async fn scan(
             &params.admin_secret_name,
         )
         .await?;
-        let monitors = crate::monitors::resolve(&monitors).await?;
         let cfg = ClusterConfig::new(monitors, &params.admin_id, key)
             .with_op_timeout(timeout)
             .with_connect_timeout(timeout);

@@ -23,10 +23,12 @@ fn ns_params(h: &Harness, namespace: &str) -> Vec<(String, String)> {
     params
 }
 
-fn gc(h: &Harness, delete: bool) -> String {
+fn gc(h: &Harness, config: &std::path::Path, delete: bool) -> String {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"));
     cmd.args(["gc", "--min-age=0s", "--kubeconfig"])
         .arg(&h.kubeconfig)
+        .arg("--cluster-config")
+        .arg(config)
         .env_remove("RUST_LOG");
     if delete {
         cmd.arg("--delete");
@@ -177,14 +179,23 @@ async fn two_classes_on_one_pool_keep_their_volumes_in_their_namespaces() {
 
     // gc lists the orphan in tenant-2 under its namespace, not c2/c3's images, and never looks
     // into tenant-3 (no class of ours uses it)
-    let listed = gc(&h, false);
+    let listed = gc(&h, &config, false);
+    // the clusterID class is scanned too (through --cluster-config), and its namespace, the
+    // same as the tenant-2 class's, once: the orphan is listed once
+    assert!(!listed.contains("skipping"), "{listed}");
+    assert_eq!(
+        listed.lines().filter(|l| lists(l, &t2, &img1)).count(),
+        1,
+        "{listed}"
+    );
     assert!(lists(&listed, &t2, &img1), "{listed}");
     assert!(!listed.contains(&t3), "{listed}");
     assert!(
         !listed.contains(&img2) && !listed.contains(&img3),
         "{listed}"
     );
-    gc(&h, true);
+    let deleted = gc(&h, &config, true);
+    assert!(!deleted.contains("not removed"), "{deleted}");
     assert!(!ls(&h, &t2).contains(&img1));
     assert!(ls(&h, &t2).contains(&img2) && ls(&h, &t2).contains(&img3));
     assert!(
