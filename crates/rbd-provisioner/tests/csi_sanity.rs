@@ -3,6 +3,11 @@
 //! every spec must pass, and the only specs skipped are those of ControllerPublish/Unpublish
 //! (volumes need no attach step, by design). The counts and the skip reasons are printed.
 //!
+//! It runs twice: as is, and with a topology-enabled node (`--topology-labels`, the node's
+//! labels read from its Node object in the Kubernetes emulator, VOLUME_ACCESSIBILITY_CONSTRAINTS
+//! advertised) and a class whose `topologyConstrainedPools` sends the node's zone to a pool of
+//! its own, so the suite's volumes made with the node's topology land there.
+//!
 //! The suite is a third-party binary the project does not ship: it is taken from `$CSI_SANITY`,
 //! else `../shared/tools/csi-sanity` beside the repository. Without it the test says so and
 //! passes (skips), so the project also tests green where that tool does not exist.
@@ -14,7 +19,11 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The two runs one at a time: each checks that nothing of `sanity*` is left in the pool.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// How long the whole suite may take (it takes a few seconds here).
 const SUITE_DEADLINE: Duration = Duration::from_mins(15);
@@ -161,15 +170,19 @@ fn mounts_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn upstream_csi_sanity_passes_on_micro_ceph_with_the_fuse_mapper() {
-    let Some(sanity) = csi_sanity() else {
-        eprintln!(
-            "SKIPPED: csi-sanity not found (set CSI_SANITY, or put it at ../shared/tools/csi-sanity \
-             beside the repository); the upstream CSI conformance suite did not run"
-        );
-        return;
-    };
+/// What differs between the two runs.
+struct Run<'a> {
+    /// Extra `rbd-provisioner csi` arguments.
+    plugin_args: Vec<String>,
+    /// Extra lines of the suite's volume parameters (YAML).
+    params: String,
+    /// Pools the suite's images may land in (checked empty afterwards).
+    pools: Vec<&'a str>,
+}
+
+/// Runs the suite against a plugin started with `run`'s arguments and checks the report and what
+/// is left behind; returns the plugin's log.
+fn run_suite(sanity: &Path, run: &Run<'_>) -> String {
     let ceph = micro_ceph::cluster();
     // tmpfs when there is one: the runtime directory (keys, rbd-fuse instances) belongs there.
     let dir = tempfile::Builder::new()
@@ -185,7 +198,7 @@ fn upstream_csi_sanity_passes_on_micro_ceph_with_the_fuse_mapper() {
     write_private(&d.join("probe.key"), &ceph.admin_key);
     std::fs::write(
         d.join("params.yaml"),
-        format!("pool: {}\nmounter: fuse\n", ceph.pool),
+        format!("pool: {}\nmounter: fuse\n{}", ceph.pool, run.params),
     )
     .expect("writing params.yaml");
     // ControllerModifyVolume's mutable parameters: a librbd QoS limit
@@ -212,23 +225,23 @@ fn upstream_csi_sanity_passes_on_micro_ceph_with_the_fuse_mapper() {
     .collect();
     write_private(&d.join("secrets.yaml"), &secrets);
 
-    let run = d.join("run");
-    let mut plugin = Plugin::start(
-        &[
-            "--services=all".into(),
-            "--default-mounter=fuse".into(),
-            "--node-id=csi-sanity-node".into(),
-            format!("--endpoint=unix://{}", socket.display()),
-            format!("--runtime-dir={}", run.display()),
-            format!("--monitors={}", ceph.monitors),
-            format!("--probe-key-file={}", d.join("probe.key").display()),
-        ],
-        d.join("plugin.log"),
-    );
+    let runtime_dir = d.join("run");
+    let mut args = vec![
+        "--services=all".into(),
+        "--default-mounter=fuse".into(),
+        "--node-id=csi-sanity-node".into(),
+        format!("--endpoint=unix://{}", socket.display()),
+        format!("--runtime-dir={}", runtime_dir.display()),
+        format!("--monitors={}", ceph.monitors),
+        format!("--probe-key-file={}", d.join("probe.key").display()),
+    ];
+    args.extend(run.plugin_args.iter().cloned());
+    let log = d.join("plugin.log");
+    let mut plugin = Plugin::start(&args, log.clone());
     plugin.wait_listening(&socket);
 
     let report = d.join("csi-sanity.out");
-    let mut suite = Command::new(&sanity)
+    let mut suite = Command::new(sanity)
         .arg(format!("--csi.endpoint=unix://{}", socket.display()))
         .arg(format!("--csi.stagingdir={}", d.join("staging").display()))
         .arg(format!("--csi.mountdir={}", d.join("mount").display()))
@@ -319,26 +332,133 @@ fn upstream_csi_sanity_passes_on_micro_ceph_with_the_fuse_mapper() {
     drop(plugin);
     // The suite unstaged and deleted what it made: no mount, rbd-fuse or image is left.
     assert_eq!(mounts_under(d), Vec::<String>::new(), "mounts left behind");
-    let images = ceph.rbd(&["ls", &ceph.pool]).expect("rbd ls");
     // snapshot images and clone intermediates of the snapshot and cloning specs included
     let made_here = |i: &str| {
         i.starts_with("sanity") || i.starts_with("csi-snap-") || i.starts_with("csi-clone-")
     };
-    let left: Vec<&str> = images.lines().filter(|i| made_here(i)).collect();
-    assert!(left.is_empty(), "images left behind: {left:?}");
-    let trash = ceph
-        .rbd(&["trash", "ls", &ceph.pool])
-        .expect("rbd trash ls");
-    let left: Vec<&str> = trash
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .filter(|i| made_here(i))
-        .collect();
-    assert!(left.is_empty(), "trash entries left behind: {left:?}");
-    let groups = ceph
-        .rbd(&["group", "ls", &ceph.pool])
-        .expect("rbd group ls");
-    assert_eq!(groups.trim(), "", "RBD groups left behind");
+    for pool in &run.pools {
+        let images = ceph.rbd(&["ls", pool]).expect("rbd ls");
+        let left: Vec<&str> = images.lines().filter(|i| made_here(i)).collect();
+        assert!(left.is_empty(), "images left behind in {pool}: {left:?}");
+        let trash = ceph.rbd(&["trash", "ls", pool]).expect("rbd trash ls");
+        let left: Vec<&str> = trash
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter(|i| made_here(i))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "trash entries left behind in {pool}: {left:?}"
+        );
+        let groups = ceph.rbd(&["group", "ls", pool]).expect("rbd group ls");
+        assert_eq!(groups.trim(), "", "RBD groups left behind in {pool}");
+    }
+    std::fs::read_to_string(&log).unwrap_or_default()
+}
+
+#[test]
+fn upstream_csi_sanity_passes_on_micro_ceph_with_the_fuse_mapper() {
+    let Some(sanity) = csi_sanity() else {
+        eprintln!(
+            "SKIPPED: csi-sanity not found (set CSI_SANITY, or put it at ../shared/tools/csi-sanity \
+             beside the repository); the upstream CSI conformance suite did not run"
+        );
+        return;
+    };
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ceph = micro_ceph::cluster();
+    run_suite(
+        &sanity,
+        &Run {
+            plugin_args: Vec::new(),
+            params: String::new(),
+            pools: vec![ceph.pool.as_str()],
+        },
+    );
+}
+
+/// The zone label of the emulated node and the pool the class sends that zone to.
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+const ZONE_POOL: &str = "sanity-zone-a";
+
+#[test]
+fn upstream_csi_sanity_passes_with_a_topology_enabled_node() {
+    use k8s_openapi::api::core::v1::Node;
+    let Some(sanity) = csi_sanity() else {
+        eprintln!("SKIPPED: csi-sanity not found; the topology-enabled run did not happen");
+        return;
+    };
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ceph = micro_ceph::cluster();
+    if !ceph
+        .rbd(&["pool", "ls"])
+        .is_ok_and(|pools| pools.lines().any(|p| p == ZONE_POOL))
+    {
+        let out = ceph
+            .cli("ceph")
+            .args(["osd", "pool", "create", ZONE_POOL, "8"])
+            .output()
+            .expect("ceph osd pool create");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ceph.rbd(&["pool", "init", ZONE_POOL])
+            .expect("rbd pool init");
+    }
+    // The node plugin reads its Node's labels from the Kubernetes API: the emulator's.
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let node: Node = serde_json::from_value(serde_json::json!({"metadata": {
+        "name": "csi-sanity-node",
+        "labels": {ZONE_LABEL: "a", "kubernetes.io/hostname": "csi-sanity-node"}}}))
+    .expect("a Node");
+    // the emulator and its server live on the runtime's threads while this one waits on the suite
+    let (_emulator, server) = runtime.block_on(async {
+        let emulator = kube_emulator::Emulator::new();
+        let server = emulator
+            .serve("127.0.0.1:0".parse().expect("an address"))
+            .await
+            .expect("serving the emulator");
+        kube::Api::<Node>::all(emulator.client())
+            .create(&kube::api::PostParams::default(), &node)
+            .await
+            .expect("creating the Node");
+        (emulator, server)
+    });
+    let kubeconfig = tempfile::NamedTempFile::new().expect("a kubeconfig file");
+    server
+        .write_kubeconfig(kubeconfig.path())
+        .expect("writing the kubeconfig");
+    let pools = serde_json::json!([
+        {"poolName": ZONE_POOL, "domainSegments": [{"domainLabel": "zone", "value": "a"}]}
+    ]);
+    let log = run_suite(
+        &sanity,
+        &Run {
+            plugin_args: vec![
+                format!("--kubeconfig={}", kubeconfig.path().display()),
+                format!("--topology-labels={ZONE_LABEL}"),
+            ],
+            params: format!("topologyConstrainedPools: '{pools}'\n"),
+            pools: vec![ceph.pool.as_str(), ZONE_POOL],
+        },
+    );
+    // The node reported its zone, and volumes made with it went to the zone's pool.
+    assert!(
+        log.contains("node topology") && log.contains("topology.rbd.provisioner.ceph.io/zone"),
+        "no node topology in the plugin log:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("image created") && l.contains(ZONE_POOL)),
+        "no image was created in {ZONE_POOL}:\n{log}"
+    );
+    drop(server);
 }
 
 #[test]
