@@ -459,3 +459,156 @@ async fn a_namespaced_cluster_id_volume_stages_from_its_id_and_context() {
     ceph.rbd(&["rm", "--no-progress", &format!("{}/{name}", ceph.pool)])
         .unwrap();
 }
+
+#[tokio::test]
+async fn snapshots_restores_and_group_snapshots_of_a_namespaced_cluster_id_volume_stay_in_it() {
+    use rbd_csi::proto::csi::group_controller_client::GroupControllerClient;
+    let ceph = micro_ceph::cluster();
+    let namespace = unique("snaps");
+    create_namespace(&namespace);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(
+        &path,
+        serde_json::json!([{"clusterID": "micro", "monitors": [ceph.monitors],
+            "rbd": {"radosNamespace": namespace}}])
+        .to_string(),
+    )
+    .unwrap();
+    let server = server_with(Some(&path)).await;
+    let mut client = server.controller().await;
+    let params = [("clusterID", "micro")];
+    let source = create(&mut client, request(&unique("pvc-src"), &params))
+        .await
+        .unwrap();
+    let spec = format!("{}/{namespace}", ceph.pool);
+
+    // a snapshot: s2 ID with the namespace, its image in the namespace
+    let snapshot = client
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: source.volume_id.clone(),
+            name: unique("snap"),
+            secrets: secrets(),
+            parameters: HashMap::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let prefix = format!("s2/micro/{spec}/csi-snap-");
+    assert!(
+        snapshot.snapshot_id.starts_with(&prefix),
+        "{}",
+        snapshot.snapshot_id
+    );
+    assert!(images(&spec).iter().any(|i| i.starts_with("csi-snap-")));
+    assert!(
+        !images(&ceph.pool)
+            .iter()
+            .any(|i| snapshot.snapshot_id.ends_with(i.as_str()))
+    );
+    let listed = client
+        .list_snapshots(csi::ListSnapshotsRequest {
+            source_volume_id: source.volume_id.clone(),
+            secrets: secrets(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0].snapshot.as_ref().unwrap().snapshot_id,
+        snapshot.snapshot_id
+    );
+
+    // a restore and a clone of the same class land in the namespace
+    let mut restore = request(&unique("pvc-restore"), &params);
+    restore.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: snapshot.snapshot_id.clone(),
+            },
+        )),
+    });
+    let restored = create(&mut client, restore).await.unwrap();
+    assert!(restored.volume_id.starts_with(&format!("v2/micro/{spec}/")));
+    let mut clone = request(&unique("pvc-clone"), &params);
+    clone.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(
+            csi::volume_content_source::VolumeSource {
+                volume_id: source.volume_id.clone(),
+            },
+        )),
+    });
+    let cloned = create(&mut client, clone).await.unwrap();
+    // a class of another cluster cannot clone it
+    let mut foreign = request(&unique("pvc-foreign"), &[("monitors", &ceph.monitors)]);
+    foreign.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(
+            csi::volume_content_source::VolumeSource {
+                volume_id: source.volume_id.clone(),
+            },
+        )),
+    });
+    let e = create(&mut client, foreign).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("clusterID micro"), "{}", e.message());
+
+    // a group snapshot: g2 ID, members s2 in the namespace
+    let mut groups = GroupControllerClient::new(server.channel().await);
+    let group = groups
+        .create_volume_group_snapshot(csi::CreateVolumeGroupSnapshotRequest {
+            name: unique("group"),
+            source_volume_ids: vec![source.volume_id.clone(), cloned.volume_id.clone()],
+            secrets: secrets(),
+            parameters: HashMap::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert!(
+        group
+            .group_snapshot_id
+            .starts_with(&format!("g2/micro/{spec}/csi-group-")),
+        "{}",
+        group.group_snapshot_id
+    );
+    assert!(
+        group
+            .snapshots
+            .iter()
+            .all(|s| s.snapshot_id.starts_with(&prefix))
+    );
+    groups
+        .delete_volume_group_snapshot(csi::DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: group.group_snapshot_id.clone(),
+            snapshot_ids: group
+                .snapshots
+                .iter()
+                .map(|s| s.snapshot_id.clone())
+                .collect(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+
+    client
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: snapshot.snapshot_id.clone(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+    for volume in [&cloned, &restored, &source] {
+        delete(&mut client, &volume.volume_id).await.unwrap();
+    }
+    // everything, snapshot images and clone intermediates included, was in the namespace
+    assert_eq!(images(&spec), Vec::<String>::new());
+    let trash = ceph.rbd(&["trash", "ls", &spec]).unwrap();
+    assert_eq!(trash.trim(), "", "trash left in the namespace");
+}
