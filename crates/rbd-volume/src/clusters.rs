@@ -524,6 +524,32 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_ref_resolves_to_monitors_given_or_looked_up_now() {
+        let dir = std::env::temp_dir().join(format!("clusters-ref-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.json");
+        std::fs::write(
+            &path,
+            r#"[{"clusterID": "a", "monitors": ["1.1.1.1:6789"]}]"#,
+        )
+        .unwrap();
+        let file = ClusterConfigFile::open(&path).unwrap();
+        let given = ClusterRef::Monitors("9.9.9.9:6789".into());
+        assert_eq!(given.monitors(None).unwrap(), "9.9.9.9:6789");
+        assert_eq!(given.to_string(), "9.9.9.9:6789");
+        let named = ClusterRef::Named("a".into());
+        assert_eq!(named.monitors(Some(&file)).unwrap(), "1.1.1.1:6789");
+        assert_eq!(named.to_string(), "clusterID a");
+        let err = named.monitors(None).unwrap_err();
+        assert!(matches!(err, LookupError::NoConfig { .. }), "{err:?}");
+        let err = ClusterRef::Named("b".into())
+            .monitors(Some(&file))
+            .unwrap_err();
+        assert!(err.to_string().contains("\"b\""), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_missing_or_broken_file_at_startup_is_an_error_naming_it() {
         let err = ClusterConfigFile::open("/nonexistent/config.json").unwrap_err();
         assert!(err.contains("/nonexistent/config.json"), "{err}");
