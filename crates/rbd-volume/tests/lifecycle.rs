@@ -185,3 +185,57 @@ async fn an_adopted_smaller_image_is_grown_and_recorded_and_another_volumes_is_r
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn volumes_in_namespaces_are_ensured_and_deleted_there_and_a_missing_one_is_named() {
+    let cluster = cluster().await;
+    let pool = &micro_ceph::cluster().pool;
+    let namespace = format!("core-ns-{}", std::process::id());
+    cluster.namespace_create(pool, &namespace).await.unwrap();
+    let spec = ceph_rbd::pool_spec(pool, &namespace);
+    let image = "core-ns-volume";
+    let owner = owner("pvc-ns");
+    let options = CreateOptions::default();
+    let new = |pool| NewImage {
+        pool,
+        image,
+        size: 8 * MIB,
+        options: &options,
+        owner: &owner,
+        fit: Fit::Grow,
+    };
+    let ensured = rbd_volume::ensure(&cluster, &new(&spec), &Hooks::default())
+        .await
+        .unwrap();
+    assert_eq!(ensured.outcome, Outcome::Created);
+    let meta = cluster.metadata_list(&spec, image).await.unwrap();
+    assert_eq!(meta[META_PV], "pvc-ns");
+    assert!(!cluster.image_exists(pool, image).await.unwrap());
+    // deleting through the default namespace finds nothing; the namespace's image stays
+    let claimant = Claimant::Volume("pvc-ns".into());
+    rbd_volume::delete(&cluster, pool, image, &claimant, &Hooks::default())
+        .await
+        .unwrap();
+    assert!(cluster.image_exists(&spec, image).await.unwrap());
+    rbd_volume::delete(&cluster, &spec, image, &claimant, &Hooks::default())
+        .await
+        .unwrap();
+    assert!(!cluster.image_exists(&spec, image).await.unwrap());
+
+    let missing = ceph_rbd::pool_spec(pool, "core-ns-never-created");
+    let err = rbd_volume::ensure(&cluster, &new(&missing), &Hooks::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::MissingNamespace { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("radosNamespace") && text.contains("core-ns-never-created"),
+        "{text}"
+    );
+    rbd_volume::check_namespace(&cluster, &spec).await.unwrap();
+    assert!(
+        rbd_volume::check_namespace(&cluster, &missing)
+            .await
+            .is_err()
+    );
+}
