@@ -176,12 +176,13 @@ async fn classes_name_clusters_of_one_config_file_which_is_followed_when_edited(
     let failed = h.wait_event(&a1_name, "VolumeFailedDelete").await;
     assert!(failed.contains("site-a"), "{failed}");
     assert!(images_of(a).contains(&a1_image));
-    // site-a comes back, written another way: the retry deletes it, still no restart
-    let a_by_name = by_name(a);
+    // site-a comes back, written as the mon's msgr2 address (as `ceph mon dump` shows it): the
+    // retry deletes it, still no restart
+    let a_msgr2 = format!("v2:{}", a.monitors);
     write_config(
         &config,
         &[
-            ("site-a", &[a_by_name.as_str()]),
+            ("site-a", &[a_msgr2.as_str()]),
             ("site-b", &[b_by_name.as_str()]),
         ],
     );
