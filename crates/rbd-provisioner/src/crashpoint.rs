@@ -5,8 +5,8 @@
 //! Steps: the volume core's (`rbd_volume::Step`, `rbd_volume::Hooks`), reached through the hooks
 //! `backend.rs` passes to it:
 //! - `after-image-create`: the image exists, its owner metadata does not, no PV yet;
-//! - `after-image-owner-key`: after each key of the owner record (`:1` = only the first key, the
-//!   provisioner's, written: the PV key goes last);
+//! - `after-image-owner-key`: once per key of the owner record, after the record was written
+//!   (in one call on the image header, so the record is complete at each hit);
 //! - `after-image-metadata`: image and owner record exist, the PV is not saved yet
 //!   (the last moment before the library's PV save);
 //! - `after-image-remove`: the image is gone, the PV (and its finalizer) still exist;

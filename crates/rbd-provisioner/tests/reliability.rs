@@ -166,8 +166,9 @@ async fn an_owner_record_cut_between_its_keys_is_completed_after_restart() {
     h.create_class("rbd", &h.params(), "Delete").await;
     let names = claim_names("owner-key", 1);
     h.create_claims("rbd", &names, "8Mi").await;
-    // What a crash after the first owner key leaves (the keys go in one open, the PV key last):
-    // the image with the provisioner key only. (The crash point `after-image-owner-key:1` makes
+    // What a crash after the first owner key left before the record was written in one call
+    // (older versions wrote the keys one by one, the PV key last): the image with the
+    // provisioner key only. (The crash point `after-image-owner-key:1` makes
     // the real thing, but the dead process then holds the image's exclusive lock until the OSD
     // expires its watch, 30 s, which is the failover suite's subject, not this one's.)
     let uid = h

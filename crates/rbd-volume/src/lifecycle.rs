@@ -50,13 +50,13 @@ impl Step {
     }
 }
 
-/// Called during the lifecycle (fault injection). Plain function pointers: `owner_key_written`
-/// runs on ceph-rbd's blocking thread between two metadata writes of one open.
+/// Called during the lifecycle (fault injection). Plain function pointers.
 #[derive(Clone, Copy, Debug)]
 pub struct Hooks {
     /// At each [`Step`].
     pub step: fn(Step),
-    /// After each key of the owner record is written, with the key.
+    /// For each key of the owner record, in order (PV key last), once the record is written
+    /// (the whole record goes in one call: a crash here leaves it complete).
     pub owner_key_written: fn(&str),
 }
 
