@@ -168,9 +168,8 @@ async fn an_owner_record_cut_between_its_keys_is_completed_after_restart() {
     h.create_claims("rbd", &names, "8Mi").await;
     // What a crash after the first owner key left before the record was written in one call
     // (older versions wrote the keys one by one, the PV key last): the image with the
-    // provisioner key only. (The crash point `after-image-owner-key:1` makes
-    // the real thing, but the dead process then holds the image's exclusive lock until the OSD
-    // expires its watch, 30 s, which is the failover suite's subject, not this one's.)
+    // provisioner key only, made here with the rbd CLI (the crash point
+    // `after-image-owner-key:1` can no longer produce it).
     let uid = h
         .claims()
         .get(&names[0])
