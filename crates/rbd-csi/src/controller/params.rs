@@ -260,6 +260,55 @@ mod tests {
     }
 
     #[test]
+    fn cluster_id_namespace_and_topology_parameters() {
+        // clusterID instead of monitors, even with default monitors configured
+        let p = create_params(
+            &map(&[("clusterID", "site-a"), ("radosNamespace", "tenant-1")]),
+            Some("m:1"),
+        )
+        .unwrap();
+        assert_eq!(p.cluster, ClusterRef::Named("site-a".into()));
+        assert_eq!(p.namespace.as_deref(), Some("tenant-1"));
+        let p = create_params(
+            &map(&[(
+                "topologyConstrainedPools",
+                r#"[{"poolName":"a","domainSegments":[{"domainLabel":"zone","value":"a"}]}]"#,
+            )]),
+            Some("m:1"),
+        )
+        .unwrap();
+        assert_eq!(p.topology_pools.unwrap()[0].pool, "a");
+        for (pairs, named) in [
+            (&[("clusterID", "a"), ("monitors", "m:1")][..], "clusterID"),
+            (&[("clusterID", "a/b")][..], "clusterID"),
+            (&[("clusterID", "")][..], "clusterID"),
+            (
+                &[("radosNamespace", "../x")][..],
+                "parameters.radosNamespace",
+            ),
+            (
+                &[("topologyConstrainedPools", "[{")][..],
+                "topologyConstrainedPools",
+            ),
+            (
+                &[(
+                    "topologyConstrainedPools",
+                    r#"[{"poolName":"a b","domainSegments":[{"domainLabel":"zone","value":"a"}]}]"#,
+                )][..],
+                "topologyConstrainedPools",
+            ),
+        ] {
+            let err = create_params(&map(pairs), Some("m:1")).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{pairs:?}");
+            assert!(
+                err.message().contains(named),
+                "{pairs:?}: {}",
+                err.message()
+            );
+        }
+    }
+
+    #[test]
     fn credentials_accept_csi_and_in_tree_keys() {
         assert_eq!(
             credentials(&map(&[("userID", "kube"), ("userKey", "K1")])).unwrap(),
