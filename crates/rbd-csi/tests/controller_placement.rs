@@ -612,3 +612,56 @@ async fn snapshots_restores_and_group_snapshots_of_a_namespaced_cluster_id_volum
     let trash = ceph.rbd(&["trash", "ls", &spec]).unwrap();
     assert_eq!(trash.trim(), "", "trash left in the namespace");
 }
+
+#[tokio::test]
+async fn topology_is_reported_and_advertised_only_when_configured() {
+    use rbd_csi::proto::csi::plugin_capability::{Type, service};
+    let key = format!("topology.{DRIVER}/zone");
+    let accessibility = |caps: Vec<csi::PluginCapability>| {
+        caps.into_iter().any(|c| {
+            matches!(c.r#type, Some(Type::Service(s))
+                if s.r#type == service::Type::VolumeAccessibilityConstraints as i32)
+        })
+    };
+    let plain = TestServer::start(Services::Node, |_| {}).await;
+    let info = plain
+        .node()
+        .await
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.accessible_topology, None);
+    let caps = plain
+        .identity()
+        .await
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert!(!accessibility(caps));
+
+    let zoned = TestServer::start(Services::Node, |c| {
+        c.topology_labels = vec!["topology.kubernetes.io/zone".into()];
+        c.node_topology = [(key.clone(), "b".to_owned())].into();
+    })
+    .await;
+    let info = zoned
+        .node()
+        .await
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.accessible_topology, Some(topology("b")));
+    let caps = zoned
+        .identity()
+        .await
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert!(accessibility(caps));
+}
