@@ -101,7 +101,7 @@ fn the_clusters_component_mounts_the_config_the_flag_names_and_its_classes_parse
         .unwrap();
     std::fs::write(
         overlay.path().join("kustomization.yaml"),
-        "resources: [../deploy]\ncomponents: [../deploy/clusters]\n",
+        "resources: [../deploy, ../deploy/csi]\ncomponents: [../deploy/clusters]\n",
     )
     .unwrap();
     let Some(docs) = render(overlay.path().to_str().unwrap()) else {
@@ -153,6 +153,70 @@ fn the_clusters_component_mounts_the_config_the_flag_names_and_its_classes_parse
     let config =
         rbd_volume::clusters::ClusterConfig::parse(config_map["data"][file].as_str().unwrap())
             .unwrap();
+
+    // the CSI node plugin: the same ConfigMap at the default path its csi subcommand reads, the
+    // same topology labels, and RBAC to read its Node
+    let node = find(&docs, "DaemonSet", "rbd-csi-node");
+    let node_pod = &node["spec"]["template"]["spec"];
+    let node_args = node_pod["containers"][0]["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string());
+    let node_cli = rbd_provisioner::cli::Cli::try_parse_from(
+        ["rbd-provisioner".to_string(), "csi".to_string()]
+            .into_iter()
+            .chain(node_args),
+    )
+    .unwrap();
+    let Some(rbd_provisioner::cli::Command::Csi(csi)) = node_cli.command else {
+        panic!("not the csi subcommand")
+    };
+    assert_eq!(csi.topology_labels, "topology.kubernetes.io/zone");
+    let node_mount = node_pod["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| {
+            m["mountPath"]
+                == rbd_volume::clusters::DEFAULT_PATH
+                    .rsplit_once('/')
+                    .unwrap()
+                    .0
+        })
+        .expect("the cluster config mounted at the csi subcommand's default path");
+    let node_volume = node_pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == node_mount["name"])
+        .unwrap();
+    assert_eq!(
+        node_volume["configMap"]["name"],
+        volume["configMap"]["name"]
+    );
+    assert_eq!(node_volume["configMap"]["optional"], true);
+    let binding = find(&docs, "ClusterRoleBinding", "rbd-csi-node");
+    assert_eq!(
+        binding["subjects"][0]["name"],
+        node_pod["serviceAccountName"]
+    );
+    assert_eq!(
+        binding["subjects"][0]["namespace"],
+        node["metadata"]["namespace"]
+    );
+    let role = find(
+        &docs,
+        "ClusterRole",
+        binding["roleRef"]["name"].as_str().unwrap(),
+    );
+    assert_eq!(
+        role["rules"],
+        serde_yaml::from_str::<serde_yaml::Value>(
+            "[{apiGroups: [''], resources: [nodes], verbs: [get]}]"
+        )
+        .unwrap()
+    );
 
     // the example classes parse, and name clusters of that config
     let Some(classes) = render("deploy/examples/clusters") else {
