@@ -288,17 +288,7 @@ impl RbdBackend {
         crate::sources::protect(&self.client, ns, source)
             .await
             .map_err(ProvisionError::final_error)?;
-        let clone = NewClone {
-            pool: new.pool,
-            image: new.image,
-            size: new.size,
-            options: new.options,
-            owner: new.owner,
-            fit: new.fit,
-            source: source_ref,
-            source_id: &source_id,
-            driver: &self.config.csi_driver,
-        };
+        let clone = NewClone::of(new, source_ref, &source_id, &self.config.csi_driver);
         match snapshot::clone_volume(cluster, &clone).await {
             Ok(_) => {}
             Err(SnapshotError::Volume(e)) => return Err(provision_error(e)),
