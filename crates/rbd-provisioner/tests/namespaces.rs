@@ -168,6 +168,23 @@ async fn two_classes_on_one_pool_keep_their_volumes_in_their_namespaces() {
                 .unwrap();
         }
     }
+    // expanding c1 grows its image in tenant-1, not the same-named one in tenant-2
+    h.resize_claims(&["c1".to_string()], "32Mi").await;
+    let size_of = |spec: String| {
+        let info = h.ceph.rbd(&["info", "--format", "json", &spec]).ok()?;
+        serde_json::from_str::<serde_json::Value>(&info).ok()?["size"].as_u64()
+    };
+    h.until(
+        "c1 grown to 32Mi in tenant-1",
+        std::time::Duration::from_secs(30),
+        || {
+            let size = size_of(format!("{t1}/{img1}"));
+            async move { (size == Some(32 << 20)).then_some(()) }
+        },
+    )
+    .await;
+    assert_eq!(size_of(format!("{t2}/{img1}")), Some(8 << 20));
+
     // deleting c1 removes tenant-1's image only
     h.claims()
         .delete("c1", &DeleteParams::default())
