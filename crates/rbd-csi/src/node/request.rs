@@ -93,17 +93,19 @@ fn first_entry<'a, 'k>(
         .find(|(_, v)| !v.is_empty())
 }
 
-/// The monitors to stage with and where they came from: the context's `monitors`, else those of
-/// its `clusterID` (or the volume ID's cluster) as `clusters` says now.
+/// The monitors to stage with and where they came from. A cluster named by the context's
+/// `clusterID` (or the `v2` volume ID) is looked up in `clusters` now, so monitors that moved
+/// since the volume was made are followed; the context's `monitors` (which the built-in
+/// provisioner also records for `clusterID` volumes, for older nodes) are used when the volume
+/// names no cluster, and as a fallback when this node has no cluster config or the config cannot
+/// resolve the name (with a warning).
 fn stage_monitors(
     volume_id: &str,
     volume_context: &HashMap<String, String>,
     parsed: Option<&VolumeId>,
     clusters: Option<&ClusterConfigFile>,
 ) -> Result<(String, String), Status> {
-    if let Some(monitors) = first(volume_context, &[context::MONITORS]) {
-        return Ok((monitors.to_owned(), "volume_context.monitors".to_owned()));
-    }
+    let given = first(volume_context, &[context::MONITORS]);
     let cluster = match (first(volume_context, &[context::CLUSTER_ID]), parsed) {
         (Some(name), _) => {
             validate::cluster_id("volume_context.clusterID", name)
@@ -111,17 +113,33 @@ fn stage_monitors(
             ClusterRef::Named(name.to_owned())
         }
         (None, Some(parsed)) => parsed.cluster.clone(),
-        (None, None) => {
-            return Err(Status::invalid_argument(format!(
-                "volume_context.monitors (or clusterID) is required (volume id {volume_id:?} \
-                 does not carry it)"
-            )));
-        }
+        (None, None) => match given {
+            Some(monitors) => ClusterRef::Monitors(monitors.to_owned()),
+            None => {
+                return Err(Status::invalid_argument(format!(
+                    "volume_context.monitors (or clusterID) is required (volume id {volume_id:?} \
+                     does not carry it)"
+                )));
+            }
+        },
     };
-    let monitors = cluster
-        .monitors(clusters)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    Ok((monitors, format!("monitors of {cluster}")))
+    match (&cluster, given) {
+        (ClusterRef::Monitors(_), Some(monitors)) => {
+            Ok((monitors.to_owned(), "volume_context.monitors".to_owned()))
+        }
+        (ClusterRef::Monitors(monitors), None) => Ok((
+            monitors.clone(),
+            format!("volume_id {volume_id:?} (monitors)"),
+        )),
+        (ClusterRef::Named(_), _) => match (cluster.monitors(clusters), given) {
+            (Ok(monitors), _) => Ok((monitors, format!("monitors of {cluster}"))),
+            (Err(e), Some(monitors)) => {
+                tracing::warn!(volume_id, error = %e, "using the monitors recorded in the volume context");
+                Ok((monitors.to_owned(), "volume_context.monitors".to_owned()))
+            }
+            (Err(e), None) => Err(Status::invalid_argument(e.to_string())),
+        },
+    }
 }
 
 /// The RADOS namespace: the context's `radosNamespace`, else the volume ID's (default: none).
@@ -305,6 +323,37 @@ mod tests {
         .unwrap();
         assert_eq!(params.image.monitors, "10.0.0.10:6789");
         assert_eq!(params.image.namespace, "tenant-2");
+        // monitors recorded at provisioning (the built-in provisioner writes both): the config's
+        // current ones win; without a config (or a name it lacks) the recorded ones are used
+        let recorded = map(&[("clusterID", "site-a"), ("monitors", "10.0.0.1:6789")]);
+        let params = stage_params(
+            "v2/site-a/kube/pvc-1",
+            &recorded,
+            &secrets,
+            MounterKind::Krbd,
+            Some(&clusters),
+        )
+        .unwrap();
+        assert_eq!(params.image.monitors, "10.0.0.10:6789");
+        let params = stage_params(
+            "v2/site-a/kube/pvc-1",
+            &recorded,
+            &secrets,
+            MounterKind::Krbd,
+            None,
+        )
+        .unwrap();
+        assert_eq!(params.image.monitors, "10.0.0.1:6789");
+        // a monitors ID with monitors in the context: the context's, as before
+        let params = stage_params(
+            "v1/10.0.0.5:6789/kube/pvc-1",
+            &map(&[("monitors", "10.0.0.6:6789")]),
+            &secrets,
+            MounterKind::Krbd,
+            Some(&clusters),
+        )
+        .unwrap();
+        assert_eq!(params.image.monitors, "10.0.0.6:6789");
         let err = stage_params(
             "v2/site-b/kube/pvc-1",
             &HashMap::new(),
