@@ -137,7 +137,16 @@ struct NodeRequests {
 
 /// A Bound fuse-mapped ext4 CSI PV for a new claim `claim`, and the node requests for it.
 async fn fuse_volume(h: &Harness, claim: &str, dir: &Path) -> (PersistentVolume, NodeRequests) {
-    let mut params = h.params();
+    fuse_volume_of(h, claim, dir, h.params()).await
+}
+
+/// The same for a class with `params` (plus ext4 and the fuse mapper).
+async fn fuse_volume_of(
+    h: &Harness,
+    claim: &str,
+    dir: &Path,
+    mut params: Vec<(String, String)>,
+) -> (PersistentVolume, NodeRequests) {
     params.push(("fsType".into(), "ext4".into()));
     params.push(("mounter".into(), "fuse".into()));
     h.create_class("csi", &params, "Delete").await;
@@ -239,6 +248,89 @@ async fn a_csi_pv_from_the_provisioner_stages_publishes_and_keeps_its_data() {
         .unwrap();
     h.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
     assert!(!h.images().contains(&image));
+}
+
+/// A volume of a `clusterID` class in a RADOS namespace, made by the built-in provisioner, is
+/// staged by the node plugin from its PV after the cluster's monitors moved: the node takes them
+/// from the (edited) cluster config, not from the monitors recorded in the PV.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_cluster_id_pv_stages_with_the_monitors_the_config_gives_now() {
+    let h = Harness::start().await;
+    let namespace = format!("e2e-{}", std::process::id());
+    let spec = format!("{}/{namespace}", h.ceph.pool);
+    h.ceph.rbd(&["namespace", "create", &spec]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    let write_config = |monitors: &str| {
+        let text = serde_json::json!([{"clusterID": "micro", "monitors": [monitors],
+            "rbd": {"radosNamespace": namespace}}])
+        .to_string();
+        // as a ConfigMap volume does: a new file swapped in
+        let next = config.with_extension("new");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, &config).unwrap();
+    };
+    write_config(&h.ceph.monitors);
+    let config_arg = format!("--cluster-config={}", config.display());
+    let _p = h.spawn(
+        &["--leader-elect=false", "--pv-source=csi", &config_arg],
+        &[],
+    );
+    let mut params: Vec<(String, String)> = h
+        .params()
+        .into_iter()
+        .filter(|(k, _)| k != "monitors")
+        .collect();
+    params.push(("clusterID".into(), "micro".into()));
+    let (pv, r) = fuse_volume_of(&h, "tenant-data", dir.path(), params).await;
+    let image = Harness::image_name(&pv);
+    let handle = &pv
+        .spec
+        .as_ref()
+        .unwrap()
+        .csi
+        .as_ref()
+        .unwrap()
+        .volume_handle;
+    assert_eq!(handle, &format!("v2/micro/{spec}/{image}"));
+    let in_namespace = h.ceph.rbd(&["ls", &spec]).unwrap();
+    assert!(in_namespace.lines().any(|i| i == image), "{in_namespace}");
+    assert!(!h.images().contains(&image), "not in the default namespace");
+
+    // the monitors move: the config now names the monitor another way, and the address the PV
+    // recorded answers no more
+    write_config(&format!("localhost:{}", h.ceph.mon_port));
+    let mut stage = r.stage.clone();
+    stage
+        .volume_context
+        .insert("monitors".into(), "127.0.0.1:1".into());
+    let node_dir = tempfile::tempdir().unwrap();
+    let plugin = NodePlugin::start_with(
+        node_dir.path(),
+        &[
+            "--services=node",
+            "--default-mounter=fuse",
+            "--node-id=node-1",
+            &config_arg,
+        ],
+    );
+    let mut node = plugin.client().await;
+    node.node_stage_volume(stage).await.unwrap();
+    node.node_publish_volume(r.publish.clone()).await.unwrap();
+    std::fs::write(r.target.join("tenant.txt"), b"in the namespace").unwrap();
+    node.node_unpublish_volume(r.unpublish.clone())
+        .await
+        .unwrap();
+    node.node_unstage_volume(r.unstage.clone()).await.unwrap();
+    assert!(!mounted(&r.target) && !mounted(&r.staging));
+
+    // deleting the claim removes the image from the namespace (monitors from the config again)
+    h.claims()
+        .delete("tenant-data", &Default::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
+    assert_eq!(h.ceph.rbd(&["ls", &spec]).unwrap().trim(), "");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
