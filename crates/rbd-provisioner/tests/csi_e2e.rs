@@ -445,3 +445,44 @@ async fn the_csi_plugin_exits_cleanly_on_sigterm_and_leaves_its_mounts() {
     node.node_unstage_volume(r.unstage).await.unwrap();
     assert!(!mounted(&target) && !mounted(&staging));
 }
+
+/// With `--topology-labels`, the node plugin reads its Node's labels through the Kubernetes API
+/// at startup: a node without them does not start, and the message names the node and the label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_its_topology_labels_does_not_start_and_says_which() {
+    use k8s_openapi::api::core::v1::Node;
+    let h = Harness::start().await;
+    let node: Node = serde_json::from_value(serde_json::json!({"metadata": {
+        "name": "unlabelled", "labels": {"kubernetes.io/hostname": "unlabelled"}}}))
+    .unwrap();
+    Api::<Node>::all(h.client.clone())
+        .create(&Default::default(), &node)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = format!("--kubeconfig={}", h.kubeconfig.display());
+    let mut plugin = NodePlugin::start_with(
+        dir.path(),
+        &[
+            "--services=node",
+            "--node-id=unlabelled",
+            "--topology-labels=topology.kubernetes.io/zone",
+            &kubeconfig,
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = plugin.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the plugin did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success());
+    let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
+    assert!(
+        log.contains("\"unlabelled\"") && log.contains("topology.kubernetes.io/zone"),
+        "{log}"
+    );
+    assert!(!plugin.socket.exists(), "it never served");
+}
