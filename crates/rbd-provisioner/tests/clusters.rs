@@ -152,6 +152,23 @@ async fn classes_name_clusters_of_one_config_file_which_is_followed_when_edited(
         "a claim after the edit uses the edited monitors, without a restart"
     );
     assert!(images_of(&b).contains(&Harness::image_name(&b2)));
+    // a broken edit: the last good contents stay in use, and errors say why the file is not
+    std::fs::write(config.with_extension("tmp"), "[{\"clusterID\": ").unwrap();
+    std::fs::rename(config.with_extension("tmp"), &config).unwrap();
+    h.create_claim("b3", "on-b", "16Mi", false).await;
+    let (_, b3) = h.wait_bound("b3").await;
+    assert_eq!(
+        b3.spec.as_ref().unwrap().rbd.as_ref().unwrap().monitors,
+        std::slice::from_ref(&b_by_name)
+    );
+    h.create_claim("a-while-broken", "on-a", "16Mi", false)
+        .await;
+    h.wait_event_containing(
+        "a-while-broken",
+        "ProvisioningFailed",
+        &["site-a", "could not be used", "last good contents"],
+    )
+    .await;
     // expanding the CSI volume (v2/site-b handle) after the edit reaches site-b
     h.resize_claims(&["b-csi".to_string()], "32Mi").await;
     let spec = format!("{}/{csi_image}", b.pool);
@@ -190,7 +207,16 @@ async fn classes_name_clusters_of_one_config_file_which_is_followed_when_edited(
     assert!(!images_of(a).contains(&a1_image));
 
     // the rest (in-tree with the old monitor form, CSI by name, the new one) delete too
-    for (claim, pv) in [("b1", &b1), ("b-csi", &b_csi), ("b2", &b2)] {
+    // the claim made while the file was broken is provisioned now, on site-a
+    let (_, late_a) = h.wait_bound("a-while-broken").await;
+    assert!(images_of(a).contains(&Harness::image_name(&late_a)));
+    for (claim, pv) in [
+        ("b1", &b1),
+        ("b-csi", &b_csi),
+        ("b2", &b2),
+        ("b3", &b3),
+        ("a-while-broken", &late_a),
+    ] {
         h.claims()
             .delete(claim, &DeleteParams::default())
             .await
@@ -198,7 +224,12 @@ async fn classes_name_clusters_of_one_config_file_which_is_followed_when_edited(
         h.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
     }
     let left = images_of(&b);
-    for image in [&b1_image, &csi_image, &Harness::image_name(&b2)] {
+    for image in [
+        &b1_image,
+        &csi_image,
+        &Harness::image_name(&b2),
+        &Harness::image_name(&b3),
+    ] {
         assert!(!left.contains(image), "{image} left on site-b: {left:?}");
     }
 }
