@@ -476,8 +476,9 @@ impl Provisioner for RbdBackend {
             .map_err(DeleteError::failed)?;
         let (pool, image) = (&location.pool_spec(), &location.image);
         let claimant = Claimant::Volume(pv_name.clone());
-        // one open reads the owner record and the watchers before the removal; snapshot images
-        // and clone intermediates made from this volume (CSI snapshots) are released first
+        // the owner record is read from the image header (no open) before the removal, which
+        // librbd refuses for a watched image; snapshot images and clone intermediates made from
+        // this volume (CSI snapshots) are released first
         rbd_volume::delete_volume(&cluster, pool, image, &claimant, &CRASH_POINTS)
             .await
             .map(drop)
