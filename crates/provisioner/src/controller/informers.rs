@@ -46,7 +46,15 @@ pub(super) async fn watch_claims(shared: Arc<Shared>, writer: Writer<PersistentV
                 claim_changed(&shared, &claim);
             }
             Ok(watcher::Event::Delete(claim)) => claim_deleted(&shared, &claim),
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            // A (re)list's objects arrive before the store is swapped at its end: work queued
+            // on the way may have read the old store (a claim missing, or without the annotation
+            // that makes it ours) and been dropped. Now the store holds the list: look again.
+            Ok(watcher::Event::InitDone) => {
+                for claim in shared.claims.state() {
+                    claim_changed(&shared, &claim);
+                }
+            }
+            Ok(watcher::Event::Init) => {}
             Err(error) => tracing::warn!(%error, "claim watch failed, retrying"),
         }
     }
@@ -63,6 +71,12 @@ pub(super) async fn watch_volumes(shared: Arc<Shared>, writer: Writer<Persistent
         match event {
             Ok(watcher::Event::Apply(volume) | watcher::Event::InitApply(volume)) => {
                 volume_changed(&shared, &volume);
+            }
+            // as for claims: the store holds the list only now
+            Ok(watcher::Event::InitDone) => {
+                for volume in shared.volumes.state() {
+                    volume_changed(&shared, &volume);
+                }
             }
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "volume watch failed, retrying"),
