@@ -405,15 +405,20 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         markdown::write(path, &section)?;
         println!("wrote {}", path.display());
     }
-    if failures.is_empty() {
+    // Logs are kept when a run failed or was capped (a stuck claim is worth a look).
+    if failures.is_empty() && runs.iter().all(|r| r.complete) {
         work.remove();
     } else {
-        println!("logs of the failed runs kept in {}", work.0.display());
+        println!(
+            "logs of the failed or capped runs kept in {}",
+            work.0.display()
+        );
     }
     Ok(())
 }
 
-/// Logs and kubeconfigs of the runs; removed after a successful benchmark, kept on failure.
+/// Logs and kubeconfigs of the runs; removed after a benchmark whose runs all completed, kept
+/// when one failed or was capped.
 struct WorkDir(PathBuf);
 
 impl WorkDir {
