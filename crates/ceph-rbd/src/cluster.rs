@@ -517,20 +517,11 @@ impl Cluster {
         self.with_pool("remove image", pool, target.clone(), move |io| {
             let _guard = guard;
             let op = "remove image";
-            // A partial image (a create killed midway: id object, no header) has no metadata;
-            // rbd_remove still cleans it up, or says ENOENT. No id object: gone, or a format-1
-            // image, whose metadata (none) needs an open to read.
-            let meta = match crate::header::image_id(io, op, &target, &name) {
-                Ok(id) => match crate::header::metadata(io, op, &target, &id) {
-                    Ok(meta) => meta,
-                    Err(e) if e.is_not_found() => BTreeMap::new(),
-                    Err(e) => return Err(e),
-                },
-                Err(e) if e.is_not_found() => match io.open(&name, true) {
-                    Ok(img) => img.metadata_list()?,
-                    Err(e) if e.is_not_found() => BTreeMap::new(),
-                    Err(e) => return Err(e),
-                },
+            // Not found: gone, or a partial image (a create killed midway: id object, no
+            // header) with no metadata; rbd_remove still cleans that up, or says ENOENT.
+            let meta = match crate::header::metadata_of(io, op, &target, &name) {
+                Ok(meta) => meta,
+                Err(e) if e.is_not_found() => BTreeMap::new(),
                 Err(e) => return Err(e),
             };
             if let Err(reason) = check(&meta) {

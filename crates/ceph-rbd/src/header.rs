@@ -130,6 +130,22 @@ pub(crate) fn metadata(
     }
 }
 
+/// All metadata of image `name`: from its header without opening it, or, for a format-1 image
+/// (no `rbd_id.<name>` object), by opening it. Not found: no such image (or a partial one
+/// without a header).
+pub(crate) fn metadata_of(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    name: &str,
+) -> Result<BTreeMap<String, String>, Error> {
+    match image_id(io, op, target, name) {
+        Ok(id) => metadata(io, op, target, &id),
+        Err(e) if e.is_not_found() => io.open(name, true)?.metadata_list(),
+        Err(e) => Err(e),
+    }
+}
+
 /// Sets `entries` on the image whose ID is `id`, in one call: all of them or none.
 pub(crate) fn set_metadata(
     io: &IoCtx<'_>,
@@ -195,11 +211,7 @@ impl Cluster {
         let name = name.to_string();
         let target = format!("{pool}/{name}");
         self.with_pool(op, pool, target.clone(), move |io| {
-            match image_id(io, op, &target, &name) {
-                Ok(id) => metadata(io, op, &target, &id),
-                Err(e) if e.is_not_found() => io.open(&name, true)?.metadata_list(),
-                Err(e) => Err(e),
-            }
+            metadata_of(io, op, &target, &name)
         })
         .await
     }
