@@ -160,15 +160,19 @@ async fn run_stream(plan: StreamPlan, out: mpsc::Sender<Result<Bytes, Infallible
                 None => return,
             },
             _ = tick.tick(), if bookmarks => {
-                // Every event up to the current resourceVersion is already queued: flush the
-                // queue first so the bookmark never overtakes an event it covers.
-                let rv = store.current_rv();
+                // While this watcher is registered, every event up to the current
+                // resourceVersion is already queued: flush the queue first so the bookmark
+                // never overtakes an event it covers. An ended watcher (queue overflow) gets no
+                // bookmark: what is queued is all it will see, and its client must resume from
+                // the last event it received, as from kube-apiserver's cacher.
+                let current = store.rv_for_watcher(reg.id);
                 while let Ok(item) = rx.try_recv() {
                     last_rv = last_rv.max(rv_of(&item));
                     if out.send(Ok(send(&item))).await.is_err() {
                         return;
                     }
                 }
+                let Some(rv) = current else { continue };
                 let rv = rv.max(last_rv);
                 if out.send(Ok(line("BOOKMARK", &bookmark(res, rv, false)))).await.is_err() {
                     return;

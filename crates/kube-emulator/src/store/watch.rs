@@ -162,6 +162,15 @@ impl Store {
         before - st.watchers.len()
     }
 
+    /// The current resourceVersion if watcher `id` is still registered: every event up to it
+    /// is then in the watcher's queue. `None` once the watcher was ended (its queue overflowed,
+    /// or its watches were dropped): later events never reach that queue, so a bookmark at the
+    /// current resourceVersion would make its client resume past events it never received.
+    pub fn rv_for_watcher(&self, id: u64) -> Option<u64> {
+        let st = self.lock();
+        st.watchers.iter().any(|w| w.id == id).then_some(st.rv)
+    }
+
     pub fn watcher_count(&self) -> usize {
         self.lock().watchers.len()
     }
