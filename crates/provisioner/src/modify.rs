@@ -85,7 +85,7 @@ pub enum ModifyDecision {
     },
 }
 
-fn spec_class(claim: &PersistentVolumeClaim) -> &str {
+pub(crate) fn spec_class(claim: &PersistentVolumeClaim) -> &str {
     claim
         .spec
         .as_ref()
@@ -108,11 +108,14 @@ pub fn names_a_class(claim: &PersistentVolumeClaim) -> bool {
 /// modified: it names a class and either that class is not its current one or a modification
 /// status is left.
 #[must_use]
-pub fn decide(claim: &PersistentVolumeClaim, volume: &PersistentVolume) -> ModifyDecision {
+pub fn decide(
+    claim: &PersistentVolumeClaim,
+    volume: &(impl crate::pv::VolumeFacts + ?Sized),
+) -> ModifyDecision {
     let status = claim.status.as_ref();
     let bound = status.and_then(|s| s.phase.as_deref()) == Some("Bound")
         && claim.spec.as_ref().and_then(|s| s.volume_name.as_deref())
-            == volume.metadata.name.as_deref();
+            == volume.meta().name.as_deref();
     let target = spec_class(claim);
     if !bound || target.is_empty() {
         return ModifyDecision::Nothing;

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::volume::{
     ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, ProvisionOptions, Provisioned,
@@ -105,11 +107,53 @@ pub enum VolumeDecision {
     Keep,
 }
 
+/// The facts about a PersistentVolume that decisions read: implemented by the full object (a
+/// fresh read) and by the summary the controller caches of every PV (a few hundred bytes instead
+/// of several KiB), so both are decided by the same code.
+pub trait VolumeFacts {
+    /// The object's metadata (name, uid, annotations, finalizers, deletion timestamp).
+    fn meta(&self) -> &ObjectMeta;
+    /// `status.phase`.
+    fn phase(&self) -> Option<&str>;
+    /// `spec.persistentVolumeReclaimPolicy`.
+    fn reclaim_policy(&self) -> Option<&str>;
+    /// `spec.capacity.storage`.
+    fn capacity(&self) -> Option<&Quantity>;
+    /// `spec.csi.driver`.
+    fn csi_driver(&self) -> Option<&str>;
+    /// `spec.claimRef.uid`.
+    fn claim_uid(&self) -> Option<&str>;
+}
+
+impl VolumeFacts for PersistentVolume {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn phase(&self) -> Option<&str> {
+        self.status.as_ref()?.phase.as_deref()
+    }
+    fn reclaim_policy(&self) -> Option<&str> {
+        self.spec
+            .as_ref()?
+            .persistent_volume_reclaim_policy
+            .as_deref()
+    }
+    fn capacity(&self) -> Option<&Quantity> {
+        self.spec.as_ref()?.capacity.as_ref()?.get("storage")
+    }
+    fn csi_driver(&self) -> Option<&str> {
+        Some(self.spec.as_ref()?.csi.as_ref()?.driver.as_str())
+    }
+    fn claim_uid(&self) -> Option<&str> {
+        self.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref()
+    }
+}
+
 /// Whether `volume` was provisioned by one of `our_names`.
 #[must_use]
-pub fn is_ours(volume: &PersistentVolume, our_names: &[String]) -> bool {
+pub fn is_ours(volume: &(impl VolumeFacts + ?Sized), our_names: &[String]) -> bool {
     volume
-        .metadata
+        .meta()
         .annotations
         .as_ref()
         .and_then(|annotations| annotations.get(ANN_PROVISIONED_BY))
@@ -118,9 +162,9 @@ pub fn is_ours(volume: &PersistentVolume, our_names: &[String]) -> bool {
 
 /// Whether `volume` carries our finalizer.
 #[must_use]
-pub fn has_finalizer(volume: &PersistentVolume) -> bool {
+pub fn has_finalizer(volume: &(impl VolumeFacts + ?Sized)) -> bool {
     volume
-        .metadata
+        .meta()
         .finalizers
         .as_ref()
         .is_some_and(|finalizers| finalizers.iter().any(|f| f == FINALIZER))
@@ -128,22 +172,18 @@ pub fn has_finalizer(volume: &PersistentVolume) -> bool {
 
 /// Decides what to do with `volume`.
 #[must_use]
-pub fn decide(volume: &PersistentVolume, our_names: &[String]) -> VolumeDecision {
+pub fn decide(volume: &(impl VolumeFacts + ?Sized), our_names: &[String]) -> VolumeDecision {
     if !is_ours(volume, our_names) {
         return VolumeDecision::Keep;
     }
-    let deleting = volume.metadata.deletion_timestamp.is_some();
+    let deleting = volume.meta().deletion_timestamp.is_some();
     if deleting && !has_finalizer(volume) {
         // Either we already deleted it (and dropped our finalizer), or it was deleted without
         // our finalizer: nothing left for us to do either way.
         return VolumeDecision::Keep;
     }
-    let released = volume.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
-    let reclaim_delete = volume
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.persistent_volume_reclaim_policy.as_deref())
-        == Some("Delete");
+    let released = volume.phase() == Some("Released");
+    let reclaim_delete = volume.reclaim_policy() == Some("Delete");
     if released && reclaim_delete {
         return VolumeDecision::Delete;
     }

@@ -5,8 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::pv::VolumeFacts;
 /// `canonicalize(text)`: the text kube-apiserver stores for a quantity written as `text`.
 pub use kube_quantity::canonicalize;
 pub use kube_quantity::{ParseError, Quantity as ParsedQuantity};
@@ -64,8 +66,8 @@ pub fn claim_allocated(claim: &PersistentVolumeClaim) -> Option<&Quantity> {
 
 /// The volume's `spec.capacity.storage` as written.
 #[must_use]
-pub fn volume_capacity(volume: &PersistentVolume) -> Option<&Quantity> {
-    storage(volume.spec.as_ref()?.capacity.as_ref())
+pub fn volume_capacity(volume: &(impl VolumeFacts + ?Sized)) -> Option<&Quantity> {
+    volume.capacity()
 }
 
 /// The claim's `spec.resources.requests.storage` in bytes.
@@ -82,7 +84,7 @@ pub fn claim_capacity_bytes(claim: &PersistentVolumeClaim) -> Option<u64> {
 
 /// The volume's `spec.capacity.storage` in bytes.
 #[must_use]
-pub fn volume_capacity_bytes(volume: &PersistentVolume) -> Option<u64> {
+pub fn volume_capacity_bytes(volume: &(impl VolumeFacts + ?Sized)) -> Option<u64> {
     parse_bytes(&volume_capacity(volume)?.0)
 }
 

@@ -18,9 +18,10 @@
 //! Ours are our provisioner names and the CSI driver of the claim's PV. Without the annotation
 //! the claim is ours (kube-controller-manager without a plugin for the volume writes none).
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 
+use crate::pv::VolumeFacts;
 use crate::quantity::{self, ParsedQuantity};
 
 /// Claim condition saying the filesystem still has to grow on the node.
@@ -66,7 +67,7 @@ pub enum ResizeDecision {
 #[must_use]
 pub fn other_resizer<'a>(
     claim: &'a PersistentVolumeClaim,
-    volume: &PersistentVolume,
+    volume: &(impl VolumeFacts + ?Sized),
     our_names: &[String],
 ) -> Option<&'a str> {
     let resizer = claim
@@ -75,11 +76,7 @@ pub fn other_resizer<'a>(
         .as_ref()?
         .get(ANN_STORAGE_RESIZER)?
         .as_str();
-    let driver = volume
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.csi.as_ref())
-        .map(|csi| csi.driver.as_str());
+    let driver = volume.csi_driver();
     let ours = our_names.iter().any(|name| name == resizer) || driver == Some(resizer);
     (!resizer.is_empty() && !ours).then_some(resizer)
 }
@@ -108,7 +105,7 @@ fn parsed(
 #[must_use]
 pub fn decide(
     claim: &PersistentVolumeClaim,
-    volume: &PersistentVolume,
+    volume: &(impl VolumeFacts + ?Sized),
     class: &StorageClass,
     our_names: &[String],
 ) -> ResizeDecision {
@@ -120,7 +117,7 @@ pub fn decide(
         .status
         .as_ref()
         .and_then(|status| status.phase.as_deref());
-    if bound_to.is_none() || bound_to != volume.metadata.name.as_deref() || phase != Some("Bound") {
+    if bound_to.is_none() || bound_to != volume.meta().name.as_deref() || phase != Some("Bound") {
         return ResizeDecision::Nothing;
     }
     if !crate::pv::is_ours(volume, our_names) || class.allow_volume_expansion != Some(true) {
@@ -172,8 +169,8 @@ pub fn decide(
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        PersistentVolumeClaimCondition, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
-        PersistentVolumeSpec, VolumeResourceRequirements,
+        PersistentVolume, PersistentVolumeClaimCondition, PersistentVolumeClaimSpec,
+        PersistentVolumeClaimStatus, PersistentVolumeSpec, VolumeResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 

@@ -30,7 +30,7 @@ pub(super) async fn sync_volume(shared: &Shared, name: &str) -> Result<(), Retry
     let Some(volume) = shared.volumes.get(&ObjectRef::new(name)) else {
         return Ok(());
     };
-    match pv::decide(&volume, &shared.names) {
+    match pv::decide(&*volume, &shared.names) {
         VolumeDecision::Keep => Ok(()),
         VolumeDecision::RemoveFinalizer => remove_finalizer(shared, name).await,
         VolumeDecision::Delete => {

@@ -73,7 +73,7 @@ pub(super) async fn sync_resize(shared: &Shared, uid: &str) -> Result<(), Retry>
     else {
         return Ok(());
     };
-    if resize::decide(&cached, &cached_volume, &class, &shared.names) == ResizeDecision::Nothing {
+    if resize::decide(&cached, &*cached_volume, &class, &shared.names) == ResizeDecision::Nothing {
         return Ok(());
     }
     // The cache may lag behind our own last resize: decide again on fresh objects.

@@ -9,14 +9,16 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 
+use super::cached::{CachedVolume, trim_bound_claim};
 use super::{Shared, Work, lock};
-use crate::{ownership, pv};
+use crate::ownership;
+use crate::pv::{self, VolumeFacts};
 
 /// The annotation `kubectl apply` keeps: the whole object as last applied.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -37,7 +39,10 @@ pub(super) async fn watch_claims(shared: Arc<Shared>, writer: Writer<PersistentV
     let api: Api<PersistentVolumeClaim> = Api::all(shared.client.clone());
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(strip)
+        .modify(|claim| {
+            strip(claim);
+            trim_bound_claim(claim);
+        })
         .reflect(writer);
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
@@ -60,11 +65,11 @@ pub(super) async fn watch_claims(shared: Arc<Shared>, writer: Writer<PersistentV
     }
 }
 
-pub(super) async fn watch_volumes(shared: Arc<Shared>, writer: Writer<PersistentVolume>) {
-    let api: Api<PersistentVolume> = Api::all(shared.client.clone());
+pub(super) async fn watch_volumes(shared: Arc<Shared>, writer: Writer<CachedVolume>) {
+    let api: Api<CachedVolume> = Api::all(shared.client.clone());
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(strip)
+        .modify(CachedVolume::trim)
         .reflect(writer);
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
@@ -146,19 +151,15 @@ fn claim_deleted(shared: &Shared, claim: &PersistentVolumeClaim) {
     }
 }
 
-fn volume_changed(shared: &Shared, volume: &PersistentVolume) {
+fn volume_changed(shared: &Shared, volume: &CachedVolume) {
     if !pv::is_ours(volume, &shared.names) {
         return;
     }
-    if let Some(name) = volume.metadata.name.clone() {
+    if let Some(name) = VolumeFacts::meta(volume).name.clone() {
         shared.queue.add(Work::Volume(name));
     }
     if (shared.expander.is_some() || shared.modifier.is_some())
-        && let Some(uid) = volume
-            .spec
-            .as_ref()
-            .and_then(|spec| spec.claim_ref.as_ref())
-            .and_then(|claim_ref| claim_ref.uid.clone())
+        && let Some(uid) = volume.claim_uid().map(str::to_owned)
         && lock(&shared.claim_index).contains_key(&uid)
     {
         // a claim seen before its volume was cached is looked at again now

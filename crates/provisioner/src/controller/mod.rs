@@ -9,6 +9,7 @@
 //! Work is keyed by claim UID (provisioning, expansion) and PV name (deletion); each key is
 //! handled by one worker at a time and retried with per-key exponential backoff.
 
+mod cached;
 mod delete;
 mod expand;
 mod informers;
@@ -22,6 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{self, ObjectRef, Store};
+
+use self::cached::CachedVolume;
 use kube::{Client, Resource};
 use tokio::task::JoinSet;
 
@@ -74,8 +77,10 @@ pub(crate) struct Shared {
     modifier: Option<Arc<dyn Modifier>>,
     metrics: Metrics,
     recorder: EventRecorder,
+    /// Claims: unbound ones whole, bound ones trimmed ([`cached::trim_bound_claim`]).
     claims: Store<PersistentVolumeClaim>,
-    volumes: Store<PersistentVolume>,
+    /// PVs as [`CachedVolume`]s: what decisions read; flows act on a fresh read.
+    volumes: Store<CachedVolume>,
     classes: Store<StorageClass>,
     /// Claim UID -> where the claim lives, maintained from the watch.
     claim_index: Mutex<HashMap<String, ObjectRef<PersistentVolumeClaim>>>,

@@ -60,8 +60,8 @@ pub(super) async fn sync_modify(shared: &Shared, uid: &str) -> Result<(), Retry>
     let Some(cached_volume) = shared.volumes.get(&ObjectRef::new(&volume_name)) else {
         return Ok(());
     };
-    if !crate::pv::is_ours(&cached_volume, &shared.names)
-        || modify::decide(&cached, &cached_volume) == ModifyDecision::Nothing
+    if !crate::pv::is_ours(&*cached_volume, &shared.names)
+        || modify::decide(&cached, &*cached_volume) == ModifyDecision::Nothing
     {
         return Ok(());
     }
