@@ -204,11 +204,15 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 
     let mut plans = Vec::new();
     if args.profile != Profile::OldSettings {
-        let mut on_default_control_plane = std::collections::BTreeSet::new();
-        for &n in &args.claims {
-            if args.control_plane != ControlPlane::Default {
+        // Unthrottled runs first, in --claims order (repeats stay in a row), then the default
+        // control plane's, once per N.
+        if args.control_plane != ControlPlane::Default {
+            for &n in &args.claims {
                 plans.push((OURS, report::UNTHROTTLED, n, args.time_limit));
             }
+        }
+        let mut on_default_control_plane = std::collections::BTreeSet::new();
+        for &n in &args.claims {
             if args.control_plane == ControlPlane::Unthrottled {
                 continue;
             }

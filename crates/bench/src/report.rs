@@ -50,6 +50,9 @@ pub struct RunResult {
     pub complete: bool,
     /// Provisioner process start until it held the lease.
     pub startup_s: f64,
+    /// The provisioner held its Lease from the first claim to the end of the run (same holder,
+    /// no lease transition, process still running).
+    pub lease_kept: bool,
     /// Time the benchmark took to send all create requests.
     pub create_requests_s: f64,
     pub bound: usize,
@@ -285,11 +288,33 @@ fn cost_checks(runs: &[RunResult]) -> Vec<Check> {
             ));
         }
     }
-    for r in runs
+    let stalled =
+        |r: &RunResult| r.emulator_slow_answers > 0 || r.emulator_max_runtime_lag_ms > 1000.0;
+    let large: Vec<&RunResult> = runs
         .iter()
         .filter(|r| ours_unthrottled(r) && r.claims >= 5000)
-    {
-        let stalled = r.emulator_slow_answers > 0 || r.emulator_max_runtime_lag_ms > 1000.0;
+        .collect();
+    if !large.is_empty() {
+        let (mut streak, mut best) = (0, 0);
+        for r in &large {
+            streak = if r.complete && r.lease_kept && !stalled(r) {
+                streak + 1
+            } else {
+                0
+            };
+            best = best.max(streak);
+        }
+        out.push(Check {
+            target: "N=5000 three runs in a row: every claim bound and deleted, no lease lost, \
+                     no emulator stall above 1 s"
+                .to_string(),
+            measured: format!("{best} clean in a row of {} runs", large.len()),
+            met: best >= 3,
+            gap: (best < 3).then(|| format!("{} short", 3 - best)),
+        });
+    }
+    for r in large {
+        let stalled = stalled(r);
         out.push(Check {
             target: format!("no emulator stall above 1 s (N={})", r.claims),
             measured: format!(
@@ -544,6 +569,43 @@ mod tests {
         assert_eq!(real.gap.as_deref(), Some("+41%"));
         // the unthrottled targets ignore the default control plane's runs
         assert!(c.iter().all(|c| !c.target.contains("1000 PVCs")));
+    }
+
+    #[test]
+    fn three_clean_n5000_runs_in_a_row_are_needed() {
+        let run = |complete, lease_kept, lag| RunResult {
+            profile: OURS.into(),
+            control_plane: UNTHROTTLED.into(),
+            claims: 5000,
+            complete,
+            lease_kept,
+            emulator_max_runtime_lag_ms: lag,
+            ..RunResult::default()
+        };
+        let in_a_row = |runs: &[RunResult]| {
+            let checks = cost_checks(runs);
+            let check = checks
+                .iter()
+                .find(|c| c.target.starts_with("N=5000 three runs in a row"))
+                .cloned()
+                .unwrap_or_else(|| panic!("no streak check: {checks:?}"));
+            (check.met, check.measured)
+        };
+        let clean = || run(true, true, 50.0);
+        assert_eq!(
+            in_a_row(&[clean(), clean(), clean()]),
+            (true, "3 clean in a row of 3 runs".to_string())
+        );
+        // a capped run, a lost lease or a stall breaks the streak
+        for bad in [
+            run(false, true, 50.0),
+            run(true, false, 50.0),
+            run(true, true, 1500.0),
+        ] {
+            let (met, measured) = in_a_row(&[clean(), clean(), bad, clean()]);
+            assert!(!met);
+            assert_eq!(measured, "2 clean in a row of 4 runs");
+        }
     }
 
     #[test]

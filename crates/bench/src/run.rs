@@ -44,6 +44,7 @@ pub async fn measure(
         );
         let _ = tokio::time::timeout(Duration::from_millis(100), tracker.changed()).await;
     }
+    let leases_before = leases(&env.client).await?;
     let pid = env.provisioner.pid();
     let emu_pid = env.emulator.pid();
     let before = sample(pid)?;
@@ -184,6 +185,8 @@ pub async fn measure(
     let after_delete = sample(pid)?;
     let emu_after = sample(emu_pid)?;
     let api_after = ApiStats::fetch(&env.client).await?;
+    let lease_kept =
+        env.provisioner.check_alive().is_ok() && leases(&env.client).await? == leases_before;
     let requests_create = api_bound.provisioner_since(&api_before);
     let requests_delete = api_after.provisioner_since(&api_bound);
     // confirm in Ceph
@@ -238,7 +241,32 @@ pub async fn measure(
         emulator_max_answer_ms: api_after.stalls.max_answer_ms,
         emulator_slow_answers: api_after.stalls.slow_answers,
         emulator_max_runtime_lag_ms: api_after.stalls.max_runtime_lag_ms,
+        lease_kept,
     })
+}
+
+/// Holder and transition count of each Lease in the benchmark's namespace (the provisioner's
+/// leader election); unchanged over a run means the lease was never lost.
+async fn leases(client: &kube::Client) -> anyhow::Result<Vec<(String, String, i32)>> {
+    let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let mut out: Vec<(String, String, i32)> = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .context("listing Leases")?
+        .items
+        .into_iter()
+        .map(|lease| {
+            let spec = lease.spec.unwrap_or_default();
+            (
+                lease.metadata.name.unwrap_or_default(),
+                spec.holder_identity.unwrap_or_default(),
+                spec.lease_transitions.unwrap_or_default(),
+            )
+        })
+        .collect();
+    out.sort();
+    Ok(out)
 }
 
 fn mib(bytes: u64) -> f64 {
