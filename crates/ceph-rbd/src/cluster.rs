@@ -437,21 +437,20 @@ impl Cluster {
         target: String,
         f: impl FnOnce(&IoCtx<'_>) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
-        let pool = pool.to_string();
-        self.run(op, target, move |rados| f(&rados.ioctx(&pool)?))
-            .await
+        self.with_pool_call(op, pool, target, false, f).await
     }
 
-    /// [`Cluster::with_pool`] for an image call (see [`Cluster::run_call`]).
-    async fn with_pool_image_call<T: Send + 'static>(
+    /// [`Cluster::with_pool`], for an image call if `image_call` (see [`Cluster::run_call`]).
+    async fn with_pool_call<T: Send + 'static>(
         &self,
         op: &'static str,
         pool: &str,
         target: String,
+        image_call: bool,
         f: impl FnOnce(&IoCtx<'_>) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
         let pool = pool.to_string();
-        self.run_call(op, target, true, move |rados| f(&rados.ioctx(&pool)?))
+        self.run_call(op, target, image_call, move |rados| f(&rados.ioctx(&pool)?))
             .await
     }
 
@@ -471,7 +470,7 @@ impl Cluster {
             Some(self.claim_image(op, pool, name)?)
         };
         let name = name.to_string();
-        self.with_pool_image_call(op, pool, format!("{pool}/{name}"), move |io| {
+        self.with_pool_call(op, pool, format!("{pool}/{name}"), true, move |io| {
             let _guard = guard;
             f(&io.open(&name, read_only)?)
         })
@@ -517,10 +516,16 @@ impl Cluster {
         }
         let guard = self.claim_image("create image", pool, name)?;
         let (name, opts) = (name.to_string(), opts.clone());
-        self.with_pool_image_call("create image", pool, format!("{pool}/{name}"), move |io| {
-            let _guard = guard;
-            io.create_image(&name, size, &opts)
-        })
+        self.with_pool_call(
+            "create image",
+            pool,
+            format!("{pool}/{name}"),
+            true,
+            move |io| {
+                let _guard = guard;
+                io.create_image(&name, size, &opts)
+            },
+        )
         .await
     }
 
@@ -577,7 +582,7 @@ impl Cluster {
         let guard = self.claim_image("remove image", pool, name)?;
         let name = name.to_string();
         let target = format!("{pool}/{name}");
-        self.with_pool_image_call("remove image", pool, target.clone(), move |io| {
+        self.with_pool_call("remove image", pool, target.clone(), true, move |io| {
             let _guard = guard;
             let op = "remove image";
             // Not found: gone, or a partial image (a create killed midway: id object, no
