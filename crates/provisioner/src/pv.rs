@@ -149,6 +149,28 @@ impl VolumeFacts for PersistentVolume {
     }
 }
 
+/// A reference to facts is facts (`&&PersistentVolume` from iterators and filters).
+impl<T: VolumeFacts + ?Sized> VolumeFacts for &T {
+    fn meta(&self) -> &ObjectMeta {
+        (**self).meta()
+    }
+    fn phase(&self) -> Option<&str> {
+        (**self).phase()
+    }
+    fn reclaim_policy(&self) -> Option<&str> {
+        (**self).reclaim_policy()
+    }
+    fn capacity(&self) -> Option<&Quantity> {
+        (**self).capacity()
+    }
+    fn csi_driver(&self) -> Option<&str> {
+        (**self).csi_driver()
+    }
+    fn claim_uid(&self) -> Option<&str> {
+        (**self).claim_uid()
+    }
+}
+
 /// Whether `volume` was provisioned by one of `our_names`.
 #[must_use]
 pub fn is_ours(volume: &(impl VolumeFacts + ?Sized), our_names: &[String]) -> bool {
