@@ -30,7 +30,7 @@ pub mod resize;
 pub mod volume;
 
 pub use config::Config;
-pub use controller::{Companion, Controller, ControllerError};
+pub use controller::{ClaimObserver, Companion, Controller, ControllerError};
 pub use leader::{LeaderElectionConfig, LeaderElector, Leadership};
 pub use metrics::Metrics;
 pub use modify::{Modifier, ModifyError};

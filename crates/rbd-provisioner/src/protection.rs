@@ -4,8 +4,11 @@
 //! goes (Bound, deleted while Pending), its source is looked at again, and the finalizer comes
 //! off once no Pending claim uses it. A source that carries one of the finalizers is looked at
 //! whenever it changes, and at start, so a finalizer left by a crash (claim deleted while the
-//! provisioner was down) comes off too. Run by the leader next to the provisioning controller.
+//! provisioner was down) comes off too. Run by the leader next to the provisioning controller;
+//! claims come from that controller's own claim watch (a claim observer), so the process
+//! watches claims once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -20,13 +23,37 @@ use provisioner::queue::{Backoff, WorkQueue};
 
 type Key = (String, DataSource);
 
-/// The controller as a task for [`provisioner::Controller::with_companion`].
-pub fn task(client: Client, backoff: Backoff) -> provisioner::Companion {
-    Box::pin(run(client, backoff))
+/// The controller: the observer to give [`provisioner::Controller::with_claim_observer`] (it
+/// queues the sources of every claim the provisioning controller's watch sees, so claims are
+/// watched once per process) and the task for [`provisioner::Controller::with_companion`].
+pub fn controller(
+    client: Client,
+    backoff: Backoff,
+) -> (provisioner::ClaimObserver, provisioner::Companion) {
+    let queue: WorkQueue<Key> = WorkQueue::new(backoff);
+    let observed = queue.clone();
+    let observer: provisioner::ClaimObserver =
+        Arc::new(move |claim: &PersistentVolumeClaim| claim_seen(&observed, claim));
+    (observer, Box::pin(run(client, queue)))
 }
 
-async fn run(client: Client, backoff: Backoff) {
-    let queue: WorkQueue<Key> = WorkQueue::new(backoff);
+/// A claim changed, was listed or went: its source, and itself if it is a protected source, are
+/// looked at again.
+fn claim_seen(queue: &WorkQueue<Key>, claim: &PersistentVolumeClaim) {
+    let ns = claim.namespace().unwrap_or_else(|| "default".into());
+    if claim
+        .finalizers()
+        .iter()
+        .any(|f| f == CLONE_SOURCE_FINALIZER)
+    {
+        queue.add((ns.clone(), DataSource::Claim(claim.name_any())));
+    }
+    if let Ok(Some(source)) = data_source(claim) {
+        queue.add((ns, source));
+    }
+}
+
+async fn run(client: Client, queue: WorkQueue<Key>) {
     // Held by this future: when the leader's tasks are dropped (lease lost), these go too.
     let mut tasks = tokio::task::JoinSet::new();
     {
@@ -45,29 +72,9 @@ async fn run(client: Client, backoff: Backoff) {
             }
         });
     }
-    tasks.spawn(watch_snapshots(client.clone(), queue.clone()));
-    let api: Api<PersistentVolumeClaim> = Api::all(client);
-    let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()));
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(
-                watcher::Event::Apply(c) | watcher::Event::InitApply(c) | watcher::Event::Delete(c),
-            ) => {
-                let ns = c.namespace().unwrap_or_else(|| "default".into());
-                if c.finalizers().iter().any(|f| f == CLONE_SOURCE_FINALIZER) {
-                    queue.add((ns.clone(), DataSource::Claim(c.name_any())));
-                }
-                if let Ok(Some(source)) = data_source(&c) {
-                    queue.add((ns, source));
-                }
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "claim watch for protection finalizers failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    }
+    tasks.spawn(watch_snapshots(client, queue.clone()));
+    // Both run until the controller stops this task; either ending ends it.
+    let _ = tasks.join_next().await;
     queue.shut_down();
     tasks.abort_all();
 }

@@ -96,12 +96,14 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     );
+    let (claims_seen, protection) = crate::protection::controller(client.clone(), config_backoff);
     let controller = Controller::new(client.clone(), config, backend.clone())
         .with_expander(backend.clone())
         .with_modifier(backend)
         .with_metrics(metrics)
         .with_companion(snapshotter)
-        .with_companion(crate::protection::task(client.clone(), config_backoff));
+        .with_claim_observer(claims_seen)
+        .with_companion(protection);
     tracing::info!(provisioner = %args.provisioner_name, identity = %identity, "starting");
     let result = if args.leader_elect {
         let mut le = LeaderElectionConfig::new(

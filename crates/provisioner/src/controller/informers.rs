@@ -37,9 +37,13 @@ fn strip<K: Resource>(object: &mut K) {
 
 pub(super) async fn watch_claims(shared: Arc<Shared>, writer: Writer<PersistentVolumeClaim>) {
     let api: Api<PersistentVolumeClaim> = Api::all(shared.client.clone());
+    let observed = Arc::clone(&shared);
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(|claim| {
+        .modify(move |claim| {
+            for observe in &observed.claim_observers {
+                observe(claim);
+            }
             strip(claim);
             trim_bound_claim(claim);
         })

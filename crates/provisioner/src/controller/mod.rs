@@ -88,6 +88,8 @@ pub(crate) struct Shared {
     in_background: Mutex<HashMap<String, ProvisionOptions>>,
     /// Claim UID -> a provisioned volume whose PV could not be saved yet (retried until saved).
     unsaved: Mutex<HashMap<String, PersistentVolume>>,
+    /// See [`Controller::with_claim_observer`].
+    claim_observers: Vec<ClaimObserver>,
     queue: WorkQueue<Work>,
 }
 
@@ -134,10 +136,15 @@ pub struct Controller {
     modifier: Option<Arc<dyn Modifier>>,
     metrics: Metrics,
     companions: Vec<Companion>,
+    claim_observers: Vec<ClaimObserver>,
 }
 
 /// A task run alongside the controller's own (see [`Controller::with_companion`]).
 pub type Companion = std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// Called with every claim the controller's claim watch delivers (see
+/// [`Controller::with_claim_observer`]).
+pub type ClaimObserver = Arc<dyn Fn(&PersistentVolumeClaim) + Send + Sync>;
 
 impl Controller {
     /// A controller provisioning with `provisioner`.
@@ -151,7 +158,18 @@ impl Controller {
             modifier: None,
             metrics: Metrics::unregistered(),
             companions: Vec::new(),
+            claim_observers: Vec::new(),
         }
+    }
+
+    /// Also hand every claim the claim watch delivers (listed, changed or deleted; whole, before
+    /// the controller trims it for its cache) to `observer`, so another controller of the binary
+    /// needs no claim watch of its own. It runs on the watch task: it must be quick and never
+    /// block (queue work for a companion).
+    #[must_use]
+    pub fn with_claim_observer(mut self, observer: ClaimObserver) -> Self {
+        self.claim_observers.push(observer);
+        self
     }
 
     /// Also run `task` (e.g. another controller of the same binary) while this controller runs:
@@ -223,6 +241,7 @@ impl Controller {
             claim_index: Mutex::new(HashMap::new()),
             in_background: Mutex::new(HashMap::new()),
             unsaved: Mutex::new(HashMap::new()),
+            claim_observers: self.claim_observers,
             queue,
         });
 

@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::PersistentVolume;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube_emulator::Emulator;
 use provisioner::ownership::ANN_SELECTED_NODE;
@@ -295,6 +297,71 @@ async fn exposes_provisioning_metrics() {
     ] {
         assert!(text.contains(expected), "missing {expected} in\n{text}");
     }
+    let _ = stop.send(());
+    handle.await.unwrap().unwrap();
+}
+
+/// A claim observer sees every claim the watch delivers, whole: also once it is Bound (when the
+/// controller's cache keeps only a trimmed copy), with its labels and finalizers, and its
+/// deletion.
+#[tokio::test]
+async fn claim_observers_see_every_claim_whole_including_bound_and_deleted_ones() {
+    init_tracing();
+    let emu = Emulator::new();
+    let client = emu.client();
+    create_class(&client, "fast", ClassSpec::default()).await;
+    let backend = FakeBackend::new();
+    let seen: Arc<std::sync::Mutex<Vec<PersistentVolumeClaim>>> = Arc::default();
+    let observer: provisioner::ClaimObserver = {
+        let seen = Arc::clone(&seen);
+        Arc::new(move |claim: &PersistentVolumeClaim| {
+            seen.lock().unwrap().push(claim.clone());
+        })
+    };
+    let controller = provisioner::Controller::new(client.clone(), config(), backend.clone())
+        .with_claim_observer(observer);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(controller.run(async move {
+        let _ = stopped.await;
+    }));
+
+    let mut labelled = claim("data", "fast", "1Gi");
+    labelled.metadata.labels = Some(BTreeMap::from([("app".to_owned(), "db".to_owned())]));
+    create_claim(&client, &labelled).await;
+    wait_for(&claims(&client), "data", "Bound", |c| {
+        phase(c) == Some("Bound")
+    })
+    .await;
+    let bound_and_whole = |seen: &[PersistentVolumeClaim]| {
+        seen.iter().any(|c| {
+            phase(c) == Some("Bound")
+                && c.metadata.labels.as_ref().is_some_and(|l| l["app"] == "db")
+                && c.metadata
+                    .finalizers
+                    .as_ref()
+                    .is_some_and(|f| !f.is_empty())
+                && c.spec
+                    .as_ref()
+                    .and_then(|s| s.access_modes.as_ref())
+                    .is_some()
+        })
+    };
+    wait_until("the observer saw the Bound claim whole", || {
+        bound_and_whole(&seen.lock().unwrap())
+    })
+    .await;
+    claims(&client)
+        .delete("data", &Default::default())
+        .await
+        .unwrap();
+    wait_gone(&claims(&client), "data").await;
+    wait_until("the observer saw the claim go", || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|c| c.metadata.deletion_timestamp.is_some())
+    })
+    .await;
     let _ = stop.send(());
     handle.await.unwrap().unwrap();
 }
