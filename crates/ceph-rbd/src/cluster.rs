@@ -166,27 +166,6 @@ impl Drop for Running {
 /// Blocking calls one connection may have running at once (see [`Cluster::run`]).
 pub const MAX_CALLS_PER_CONNECTION: usize = 64;
 
-/// librbd calls that build an image context or a whole copy of the Ceph configuration (create,
-/// open, remove: ~2000 options parsed and copied, several ms of CPU and a few hundred KiB each)
-/// allowed at once in this process, per CPU (at least [`MIN_IMAGE_CALLS`]). They are CPU-bound:
-/// more at once only wait for a CPU while holding their memory (and spread it over more malloc
-/// arenas), without finishing sooner.
-pub const IMAGE_CALLS_PER_CPU: usize = 2;
-/// Lower bound of the process-wide image call limit (see [`IMAGE_CALLS_PER_CPU`]).
-pub const MIN_IMAGE_CALLS: usize = 4;
-
-/// The process-wide limit of image calls (see [`IMAGE_CALLS_PER_CPU`]).
-fn image_call_permits() -> &'static Arc<tokio::sync::Semaphore> {
-    static PERMITS: std::sync::OnceLock<Arc<tokio::sync::Semaphore>> = std::sync::OnceLock::new();
-    PERMITS.get_or_init(|| {
-        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        Arc::new(tokio::sync::Semaphore::new(
-            cpus.saturating_mul(IMAGE_CALLS_PER_CPU)
-                .max(MIN_IMAGE_CALLS),
-        ))
-    })
-}
-
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cluster")
@@ -327,19 +306,6 @@ impl Cluster {
         target: String,
         f: impl FnOnce(&Rados) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
-        self.run_call(op, target, false, f).await
-    }
-
-    /// [`Cluster::run`]; an `image_call` (one that builds an image context or copies the
-    /// configuration: create, open, remove) also waits, within the same deadline, for one of the
-    /// process's image call permits ([`IMAGE_CALLS_PER_CPU`]), held until librbd returns.
-    async fn run_call<T: Send + 'static>(
-        &self,
-        op: &'static str,
-        target: String,
-        image_call: bool,
-        f: impl FnOnce(&Rados) -> Result<T, Error> + Send + 'static,
-    ) -> Result<T, Error> {
         let rados = Arc::clone(&self.rados);
         let span = tracing::debug_span!("ceph.op", op, target = %target);
         let started = tokio::time::Instant::now();
@@ -367,28 +333,12 @@ impl Cluster {
                 return Err(timeout(op, target));
             }
         };
-        let image_permit = if image_call {
-            match tokio::time::timeout_at(
-                deadline,
-                Arc::clone(image_call_permits()).acquire_owned(),
-            )
-            .await
-            {
-                Ok(Ok(permit)) => Some(permit),
-                Ok(Err(_closed)) => {
-                    return Err(Error::invalid(op, target, "image call limit closed"));
-                }
-                Err(_) => return Err(timeout(op, target)),
-            }
-        } else {
-            None
-        };
         // counted until the call itself returns, also after our deadline gave up on it
         let call = crate::lifecycle::Call::start();
         let running = Arc::clone(&self.running);
         let blocking = tokio::task::spawn_blocking(move || {
             let _call = call;
-            let _permits = (permit, image_permit);
+            let _permit = permit;
             let _running = Running::enter(&running);
             f(&rados)
         });
@@ -437,20 +387,8 @@ impl Cluster {
         target: String,
         f: impl FnOnce(&IoCtx<'_>) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
-        self.with_pool_call(op, pool, target, false, f).await
-    }
-
-    /// [`Cluster::with_pool`], for an image call if `image_call` (see [`Cluster::run_call`]).
-    async fn with_pool_call<T: Send + 'static>(
-        &self,
-        op: &'static str,
-        pool: &str,
-        target: String,
-        image_call: bool,
-        f: impl FnOnce(&IoCtx<'_>) -> Result<T, Error> + Send + 'static,
-    ) -> Result<T, Error> {
         let pool = pool.to_string();
-        self.run_call(op, target, image_call, move |rados| f(&rados.ioctx(&pool)?))
+        self.run(op, target, move |rados| f(&rados.ioctx(&pool)?))
             .await
     }
 
@@ -470,7 +408,7 @@ impl Cluster {
             Some(self.claim_image(op, pool, name)?)
         };
         let name = name.to_string();
-        self.with_pool_call(op, pool, format!("{pool}/{name}"), true, move |io| {
+        self.with_pool(op, pool, format!("{pool}/{name}"), move |io| {
             let _guard = guard;
             f(&io.open(&name, read_only)?)
         })
@@ -516,16 +454,10 @@ impl Cluster {
         }
         let guard = self.claim_image("create image", pool, name)?;
         let (name, opts) = (name.to_string(), opts.clone());
-        self.with_pool_call(
-            "create image",
-            pool,
-            format!("{pool}/{name}"),
-            true,
-            move |io| {
-                let _guard = guard;
-                io.create_image(&name, size, &opts)
-            },
-        )
+        self.with_pool("create image", pool, format!("{pool}/{name}"), move |io| {
+            let _guard = guard;
+            io.create_image(&name, size, &opts)
+        })
         .await
     }
 
@@ -582,7 +514,7 @@ impl Cluster {
         let guard = self.claim_image("remove image", pool, name)?;
         let name = name.to_string();
         let target = format!("{pool}/{name}");
-        self.with_pool_call("remove image", pool, target.clone(), true, move |io| {
+        self.with_pool("remove image", pool, target.clone(), move |io| {
             let _guard = guard;
             let op = "remove image";
             // Not found: gone, or a partial image (a create killed midway: id object, no
