@@ -139,7 +139,7 @@ impl VolumeFacts for PersistentVolume {
             .as_deref()
     }
     fn capacity(&self) -> Option<&Quantity> {
-        self.spec.as_ref()?.capacity.as_ref()?.get("storage")
+        crate::quantity::storage(self.spec.as_ref()?.capacity.as_ref())
     }
     fn csi_driver(&self) -> Option<&str> {
         Some(self.spec.as_ref()?.csi.as_ref()?.driver.as_str())

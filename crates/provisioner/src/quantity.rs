@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-
-use crate::pv::VolumeFacts;
 /// `canonicalize(text)`: the text kube-apiserver stores for a quantity written as `text`.
 pub use kube_quantity::canonicalize;
 pub use kube_quantity::{ParseError, Quantity as ParsedQuantity};
+
+use crate::pv::VolumeFacts;
 
 /// Parses a quantity exactly (`10Gi`, `1G`, `1.5Gi`, `100m`, `1e9`).
 ///
@@ -41,7 +41,7 @@ pub fn quantity(bytes: u64) -> Quantity {
     Quantity(format_bytes(bytes))
 }
 
-fn storage(map: Option<&BTreeMap<String, Quantity>>) -> Option<&Quantity> {
+pub(crate) fn storage(map: Option<&BTreeMap<String, Quantity>>) -> Option<&Quantity> {
     map?.get("storage")
 }
 

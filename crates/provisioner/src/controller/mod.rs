@@ -23,10 +23,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-
-use self::cached::CachedVolume;
 use kube::{Client, Resource};
 use tokio::task::JoinSet;
+
+use self::cached::CachedVolume;
 
 use crate::config::Config;
 use crate::events::{EventRecorder, EventType};
