@@ -193,16 +193,9 @@ async fn claims_are_modified_to_their_volume_attributes_class() {
             .as_deref(),
         Some("platinum")
     );
-    let events = h.events_for("q").await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("VolumeModifyFailed")
-                && e.message
-                    .as_deref()
-                    .is_some_and(|m| m.contains("rbd_qos_write_iops_limitt"))),
-        "no VolumeModifyFailed naming the key: {events:?}"
-    );
+    // the event is written after the status, asynchronously: wait for it
+    h.wait_event_containing("q", "VolumeModifyFailed", &["rbd_qos_write_iops_limitt"])
+        .await;
     assert_eq!(librbd_value(&h, &image, "rbd_qos_iops_limit"), "900");
 
     // a valid class again: modified, the infeasible status gone
