@@ -519,13 +519,35 @@ impl Cluster {
             let op = "remove image";
             // Not found: gone, or a partial image (a create killed midway: id object, no
             // header) with no metadata; rbd_remove still cleans that up, or says ENOENT.
-            let meta = match crate::header::metadata_of(io, op, &target, &name) {
-                Ok(meta) => meta,
-                Err(e) if e.is_not_found() => BTreeMap::new(),
+            let (id, meta) = match crate::header::image_id(io, op, &target, &name) {
+                Ok(id) => match crate::header::metadata(io, op, &target, &id) {
+                    Ok(meta) => (Some(id), meta),
+                    Err(e) if e.is_not_found() => (None, BTreeMap::new()),
+                    Err(e) => return Err(e),
+                },
+                // format 1, or no image: librbd reads the metadata, or says ENOENT
+                Err(e) if e.is_not_found() => match io.open(&name, true) {
+                    Ok(img) => (None, img.metadata_list()?),
+                    Err(e) if e.is_not_found() => (None, BTreeMap::new()),
+                    Err(e) => return Err(e),
+                },
                 Err(e) => return Err(e),
             };
             if let Err(reason) = check(&meta) {
                 return Ok(Err(reason));
+            }
+            // A plain, unwatched image is removed without librbd's ImageCtx (see `remove`);
+            // anything else, and a watched image, goes through librbd.
+            if let Some(id) = id {
+                match crate::remove::remove_plain(io, op, &target, &name, &id)? {
+                    crate::remove::Plain::Removed { objects } => {
+                        tracing::debug!(image = %target, objects, "removed without librbd");
+                        return Ok(Ok(()));
+                    }
+                    crate::remove::Plain::No(why) => {
+                        tracing::debug!(image = %target, why, "removing through librbd");
+                    }
+                }
             }
             match io.remove_image(&name) {
                 // Watched: name the watchers (none left: the tail of a client that just closed

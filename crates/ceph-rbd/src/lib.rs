@@ -33,6 +33,7 @@ pub mod namespace;
 mod pool;
 mod probe;
 mod raw;
+mod remove;
 
 pub use cluster::{
     Cluster, ClusterStats, CreateOptions, GroupSnapInfo, ImageGroupSnap, ImageInfo,
@@ -44,3 +45,4 @@ pub use features::Features;
 pub use lifecycle::{ShutdownReport, busy_calls, shutdown};
 pub use namespace::{pool_spec, split_pool_spec};
 pub use pool::{ConnectionPool, PoolOptions};
+pub use remove::removed_without_librbd;

@@ -630,6 +630,134 @@ impl IoCtx<'_> {
         Err(Error::from_errno(-libc::ERANGE, op, target))
     }
 
+    /// Removes object `oid` of this I/O context; `Ok(false)` when it did not exist.
+    pub(crate) fn remove_object(
+        &self,
+        op: &'static str,
+        target: &str,
+        oid: &str,
+    ) -> Result<bool, Error> {
+        let c_oid = cstring(oid, op, target)?;
+        // SAFETY: valid ioctx and object name.
+        let rc = unsafe { ffi::rados_remove(self.handle, c_oid.as_ptr()) };
+        if rc == -libc::ENOENT {
+            return Ok(false);
+        }
+        check(rc, op, target).map(|_| true)
+    }
+
+    /// Removes every object `oids` names, at most `window` at a time (asynchronous removes,
+    /// as librbd trims an image); objects that do not exist are skipped. Returns how many
+    /// existed. Every removal sent is waited for, also when one fails.
+    pub(crate) fn remove_objects(
+        &self,
+        op: &'static str,
+        target: &str,
+        oids: impl Iterator<Item = String>,
+        window: usize,
+    ) -> Result<u64, Error> {
+        let mut flight = InFlight {
+            pending: std::collections::VecDeque::with_capacity(window.max(1)),
+            removed: 0,
+            failed: None,
+        };
+        for oid in oids {
+            if flight.pending.len() >= window.max(1) {
+                flight.finish_oldest();
+            }
+            if flight.failed.is_some() {
+                break;
+            }
+            let c_oid = cstring(&oid, op, target)?;
+            let mut completion: ffi::rados_completion_t = ptr::null_mut();
+            // SAFETY: no callback; `completion` receives a new completion we release below.
+            let rc = unsafe {
+                ffi::rados_aio_create_completion2(ptr::null_mut(), None, &mut completion)
+            };
+            check(rc, op, target)?;
+            // SAFETY: valid ioctx, name and completion; librados copies the name.
+            let rc = unsafe { ffi::rados_aio_remove(self.handle, c_oid.as_ptr(), completion) };
+            if rc < 0 {
+                // SAFETY: the completion was never handed to an operation.
+                unsafe { ffi::rados_aio_release(completion) };
+                flight.failed = Some(rc);
+                break;
+            }
+            flight.pending.push_back(completion);
+        }
+        while !flight.pending.is_empty() {
+            flight.finish_oldest();
+        }
+        match flight.failed.take() {
+            Some(rc) => Err(Error::from_errno(rc, op, target)),
+            None => Ok(flight.removed),
+        }
+    }
+
+    /// Sends an empty notification to the watchers of `oid` and returns how many there were
+    /// (answered or timed out after `timeout_ms`). An empty payload is the legacy header-update
+    /// notification that librbd and the kernel client both acknowledge (they re-read the
+    /// header); zero means nobody watches the object.
+    pub(crate) fn notify_watchers(
+        &self,
+        op: &'static str,
+        target: &str,
+        oid: &str,
+        timeout_ms: u64,
+    ) -> Result<usize, Error> {
+        let c_oid = cstring(oid, op, target)?;
+        let mut reply: *mut c_char = ptr::null_mut();
+        let mut reply_len = 0usize;
+        // SAFETY: valid ioctx and name; an empty payload; librados allocates `reply`.
+        let rc = unsafe {
+            ffi::rados_notify2(
+                self.handle,
+                c_oid.as_ptr(),
+                ptr::null(),
+                0,
+                timeout_ms,
+                &mut reply,
+                &mut reply_len,
+            )
+        };
+        let mut watchers = None;
+        if !reply.is_null() {
+            let mut acks: *mut ffi::notify_ack_t = ptr::null_mut();
+            let mut timeouts: *mut ffi::notify_timeout_t = ptr::null_mut();
+            let (mut n_acks, mut n_timeouts) = (0usize, 0usize);
+            // SAFETY: `reply` holds `reply_len` bytes from librados; the decoded arrays are
+            // released right after, once.
+            let decoded = unsafe {
+                ffi::rados_decode_notify_response(
+                    reply,
+                    reply_len,
+                    &mut acks,
+                    &mut n_acks,
+                    &mut timeouts,
+                    &mut n_timeouts,
+                )
+            };
+            if decoded == 0 {
+                watchers = Some(n_acks + n_timeouts);
+                // SAFETY: the arrays the decode above allocated.
+                unsafe { ffi::rados_free_notify_response(acks, n_acks, timeouts) };
+            }
+            // SAFETY: the reply buffer librados allocated, released once.
+            unsafe { ffi::rados_buffer_free(reply) };
+        }
+        match (rc, watchers) {
+            // somebody watches and did not answer in time
+            (rc, n) if rc == -libc::ETIMEDOUT => Ok(n.unwrap_or(0).max(1)),
+            (rc, _) if rc < 0 => Err(Error::from_errno(rc, op, target)),
+            (_, Some(n)) => Ok(n),
+            (_, None) => Err(Error::invalid(
+                op,
+                target,
+                "librados returned an undecodable notify reply",
+            )),
+        }
+    }
+
     pub(crate) fn list_images(&self) -> Result<Vec<String>, Error> {
         let op = "list images";
         let mut max: usize = 64;
@@ -1179,6 +1307,43 @@ impl Image<'_> {
             )
         };
         check(rc, op, &target).map(drop)
+    }
+}
+
+/// Asynchronous removals under way: each completion is waited for and released exactly once,
+/// also when the caller stops early (`Drop`).
+struct InFlight {
+    pending: std::collections::VecDeque<ffi::rados_completion_t>,
+    removed: u64,
+    /// The first error other than "no such object".
+    failed: Option<c_int>,
+}
+
+impl InFlight {
+    fn finish_oldest(&mut self) {
+        let Some(completion) = self.pending.pop_front() else {
+            return;
+        };
+        // SAFETY: a completion handed to rados_aio_remove and not released yet.
+        let rc = unsafe {
+            ffi::rados_aio_wait_for_complete(completion);
+            let rc = ffi::rados_aio_get_return_value(completion);
+            ffi::rados_aio_release(completion);
+            rc
+        };
+        if rc >= 0 {
+            self.removed += 1;
+        } else if rc != -libc::ENOENT && self.failed.is_none() {
+            self.failed = Some(rc);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        while !self.pending.is_empty() {
+            self.finish_oldest();
+        }
     }
 }
 

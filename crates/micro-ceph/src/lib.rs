@@ -152,19 +152,28 @@ impl MicroCeph {
 
     /// Runs `rbd ARGS` against this cluster and returns stdout; an error carries stderr.
     pub fn rbd(&self, args: &[&str]) -> Result<String, Error> {
+        self.run_cli("rbd", args)
+    }
+
+    /// Runs `rados ARGS` against this cluster and returns stdout; an error carries stderr.
+    pub fn rados(&self, args: &[&str]) -> Result<String, Error> {
+        self.run_cli("rados", args)
+    }
+
+    fn run_cli(&self, program: &str, args: &[&str]) -> Result<String, Error> {
         let out = self
-            .cli("rbd")
+            .cli(program)
             .args(args)
             .output()
             .map_err(|source| Error::Io {
-                what: "running rbd".into(),
+                what: format!("running {program}"),
                 source,
             })?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
             Err(Error::Io {
-                what: format!("rbd {}", args.join(" ")),
+                what: format!("{program} {}", args.join(" ")),
                 source: io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
             })
         }

@@ -1,0 +1,187 @@
+//! Removing images without librbd (the `remove` module): a plain, unwatched image goes with
+//! RADOS calls and leaves no object behind; anything else is left to librbd, which removes it
+//! as before. Against a real micro-ceph cluster; the objects are listed with the `rados` CLI.
+
+mod common;
+
+use ceph_rbd::{CreateOptions, Error, Features, pool_spec, removed_without_librbd};
+use common::*;
+
+const MIB: u64 = 1 << 20;
+const PLAIN_FULL: &str = "layering,exclusive-lock,object-map,fast-diff,deep-flatten";
+
+/// The counter is process-wide: tests that read it take turns.
+static COUNTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Every object of `spec` (`pool` or `pool/namespace`) whose name contains `needle`.
+fn objects(spec: &str, needle: &str) -> Vec<String> {
+    let (pool, ns) = spec.split_once('/').unwrap_or((spec, ""));
+    micro_ceph::cluster()
+        .rados(&["-p", pool, "--namespace", ns, "ls"])
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Writes 64 scattered 4 KiB blocks, so several data objects exist.
+fn scatter_writes(spec: &str, name: &str) {
+    micro_ceph::cluster()
+        .rbd(&[
+            "bench",
+            "--io-type",
+            "write",
+            "--io-size",
+            "4096",
+            "--io-total",
+            "262144",
+            "--io-pattern",
+            "rand",
+            &format!("{spec}/{name}"),
+        ])
+        .unwrap();
+}
+
+fn with_features(features: &str) -> CreateOptions {
+    CreateOptions {
+        features: Some(Features::parse(features).unwrap()),
+        ..Default::default()
+    }
+}
+
+async fn create(spec: &str, name: &str, size: u64, opts: &CreateOptions) {
+    connect()
+        .await
+        .create_image(spec, name, size, opts)
+        .await
+        .unwrap();
+}
+
+/// Removes `spec/name` (written first) and checks that nothing of it is left: data objects,
+/// header, object map, ID object, directory entry. Returns whether librbd was bypassed.
+async fn remove_and_check_gone(spec: &str, name: &str) -> bool {
+    let cluster = connect().await;
+    let id = cluster.image_info(spec, name).await.unwrap().id;
+    let data = objects(spec, &format!("rbd_data.{id}."));
+    assert!(!data.is_empty(), "the writes made no data object");
+    let before = removed_without_librbd();
+    cluster.remove_image(spec, name).await.unwrap();
+    let bypassed = removed_without_librbd() - before == 1;
+    assert_eq!(objects(spec, &id), Vec::<String>::new(), "left behind");
+    assert_eq!(
+        objects(spec, &format!("rbd_id.{name}")),
+        Vec::<String>::new()
+    );
+    assert!(
+        !cluster
+            .list_images(spec)
+            .await
+            .unwrap()
+            .contains(&name.to_string())
+    );
+    assert!(!cluster.image_exists(spec, name).await.unwrap());
+    // the name is free again
+    cluster
+        .create_image(spec, name, MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    cluster.remove_image(spec, name).await.unwrap();
+    bypassed
+}
+
+#[tokio::test]
+async fn plain_images_are_removed_without_librbd_and_leave_no_object() {
+    let _turn = COUNTER.lock().await;
+    let cluster = connect().await;
+    let ns = unique("plain-ns");
+    cluster.namespace_create(&pool_name(), &ns).await.unwrap();
+    for spec in [pool_name(), pool_spec(&pool_name(), &ns)] {
+        for features in ["layering", PLAIN_FULL] {
+            let name = unique("plain");
+            create(&spec, &name, 64 * MIB, &with_features(features)).await;
+            scatter_writes(&spec, &name);
+            assert!(
+                remove_and_check_gone(&spec, &name).await,
+                "{spec}/{name} ({features}) went through librbd"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_lost_object_map_means_every_object_is_removed() {
+    let _turn = COUNTER.lock().await;
+    let spec = pool_name();
+    let name = unique("no-map");
+    create(&spec, &name, 32 * MIB, &with_features(PLAIN_FULL)).await;
+    scatter_writes(&spec, &name);
+    let id = connect().await.image_info(&spec, &name).await.unwrap().id;
+    micro_ceph::cluster()
+        .rados(&["-p", &spec, "rm", &format!("rbd_object_map.{id}")])
+        .unwrap();
+    assert!(remove_and_check_gone(&spec, &name).await);
+}
+
+#[tokio::test]
+async fn images_that_are_not_plain_are_removed_by_librbd() {
+    let _turn = COUNTER.lock().await;
+    let cluster = connect().await;
+    let spec = pool_name();
+
+    // striping v2
+    let striped = unique("striped");
+    let opts = CreateOptions {
+        stripe_unit: Some(64 * 1024),
+        stripe_count: Some(4),
+        ..with_features("layering")
+    };
+    create(&spec, &striped, 16 * MIB, &opts).await;
+    scatter_writes(&spec, &striped);
+    assert!(!remove_and_check_gone(&spec, &striped).await);
+
+    // a clone (its parent's snapshot waits in the trash until the clone is gone)
+    let parent = unique("parent");
+    create(&spec, &parent, 16 * MIB, &with_features(PLAIN_FULL)).await;
+    scatter_writes(&spec, &parent);
+    cluster.snap_create(&spec, &parent, "base").await.unwrap();
+    let child = unique("child");
+    cluster
+        .clone_image(
+            &spec,
+            &parent,
+            "base",
+            &spec,
+            &child,
+            &CreateOptions::default(),
+        )
+        .await
+        .unwrap();
+    scatter_writes(&spec, &child);
+    assert!(!remove_and_check_gone(&spec, &child).await);
+
+    // with a snapshot: librbd refuses, nothing is removed
+    let before = removed_without_librbd();
+    let e = cluster.remove_image(&spec, &parent).await.unwrap_err();
+    assert!(matches!(e, Error::HasDependents { .. }), "{e}");
+    assert_eq!(removed_without_librbd(), before);
+    assert!(cluster.image_exists(&spec, &parent).await.unwrap());
+    // the snapshot gone, the parent is plain again
+    cluster.snap_remove(&spec, &parent, "base").await.unwrap();
+    assert!(remove_and_check_gone(&spec, &parent).await);
+}
+
+#[tokio::test]
+async fn a_watched_image_is_left_to_librbd_which_names_the_watcher() {
+    let _turn = COUNTER.lock().await;
+    let (cluster, pool, name) = with_image("watched-plain", 8 * MIB).await;
+    let holder = micro_ceph::ImageHolder::open(micro_ceph::cluster(), &pool, &name).unwrap();
+    let before = removed_without_librbd();
+    let e = cluster.remove_image(&pool, &name).await.unwrap_err();
+    assert!(matches!(e, Error::InUse { .. }), "{e}");
+    assert_eq!(removed_without_librbd(), before);
+    assert!(cluster.image_exists(&pool, &name).await.unwrap());
+    drop(holder);
+    cluster.remove_image(&pool, &name).await.unwrap();
+    assert_eq!(removed_without_librbd(), before + 1);
+}
