@@ -500,8 +500,10 @@ impl Cluster {
     }
 
     /// Removes an image if `check` accepts its metadata (e.g. the owner record). The metadata is
-    /// read from the image header without opening the image (see `header`); librbd's remove then
-    /// refuses a watched image (EBUSY), and only then is the image opened to name its watchers.
+    /// read from the image header without opening the image (see `header`). A plain format-2
+    /// image nobody watches is then removed with RADOS calls, without librbd (see `remove`);
+    /// any other goes through librbd's remove, which refuses a watched image (EBUSY), and only
+    /// then is the image opened to name its watchers.
     /// `Ok(Err(reason))` when `check` refused; the other outcomes as [`Cluster::remove_image`].
     /// A partial image (no header) has no metadata: `check` sees an empty map.
     pub async fn remove_image_checked(

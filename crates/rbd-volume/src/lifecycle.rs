@@ -412,7 +412,8 @@ const BUSY_RETRY_FOR: Duration = Duration::from_secs(3);
 
 /// Removes the image, unless its owner record names another volume ([`Error::Foreign`]) or it
 /// is still mapped or open somewhere (`ceph_rbd::Error::InUse`, naming the watchers). The owner
-/// record and the watchers are read with the same open as the removal. A missing image is
+/// record is read from the image header without opening the image, and a plain, unwatched
+/// image is removed without librbd (`ceph_rbd::Cluster::remove_image_checked`). A missing image is
 /// success ([`Deleted::AlreadyGone`]); a half-created one is removed. Idempotent.
 ///
 /// EBUSY with no watcher left is the tail of a client that just closed the image (its watch is
