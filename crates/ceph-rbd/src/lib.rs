@@ -25,6 +25,8 @@
 
 mod cluster;
 mod config;
+mod create;
+mod denc;
 mod error;
 mod features;
 mod header;
@@ -40,6 +42,7 @@ pub use cluster::{
     MAX_CALLS_PER_CONNECTION, ParentSpec, PoolStats, SnapInfo, TrashEntry, Watcher,
 };
 pub use config::{ClusterConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, Secret};
+pub use create::created_without_librbd;
 pub use error::Error;
 pub use features::Features;
 pub use lifecycle::{ShutdownReport, busy_calls, shutdown};

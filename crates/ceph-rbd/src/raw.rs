@@ -630,6 +630,138 @@ impl IoCtx<'_> {
         Err(Error::from_errno(-libc::ERANGE, op, target))
     }
 
+    /// An I/O context on the same pool, in its default namespace (where pool-wide settings live:
+    /// `rbd_info`).
+    pub(crate) fn default_namespace(&self) -> Result<IoCtx<'_>, Error> {
+        let mut handle: ffi::rados_ioctx_t = ptr::null_mut();
+        // SAFETY: valid ioctx; its cluster handle outlives the borrow of `self`; valid out-pointer.
+        check(
+            unsafe {
+                ffi::rados_ioctx_create2(
+                    ffi::rados_ioctx_get_cluster(self.handle),
+                    ffi::rados_ioctx_get_id(self.handle),
+                    &mut handle,
+                )
+            },
+            "open pool",
+            &self.pool,
+        )?;
+        let pool = crate::namespace::split_pool_spec(&self.pool)
+            .map(|(pool, _)| pool.to_string())
+            .unwrap_or_else(|_| self.pool.clone());
+        Ok(IoCtx {
+            handle,
+            pool,
+            _rados: PhantomData,
+        })
+    }
+
+    /// The client's value of configuration option `key` (as set here, or by the monitors'
+    /// central configuration).
+    pub(crate) fn conf_get(&self, op: &'static str, key: &str) -> Result<String, Error> {
+        let c_key = cstring(key, op, &self.pool)?;
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: valid ioctx and its cluster handle; `buf` is valid for its length.
+        let rc = unsafe {
+            ffi::rados_conf_get(
+                ffi::rados_ioctx_get_cluster(self.handle),
+                c_key.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        check(rc, op, &self.pool)?;
+        Ok(c_text(&buf))
+    }
+
+    /// This client's instance ID (its global ID with the monitors): unique per connection.
+    pub(crate) fn instance_id(&self) -> u64 {
+        // SAFETY: valid ioctx and its connected cluster handle.
+        unsafe { ffi::rados_get_instance_id(ffi::rados_ioctx_get_cluster(self.handle)) }
+    }
+
+    /// Up to `max` bytes of object `oid` from its start.
+    pub(crate) fn read(
+        &self,
+        op: &'static str,
+        target: &str,
+        oid: &str,
+        max: usize,
+    ) -> Result<Vec<u8>, Error> {
+        let c_oid = cstring(oid, op, target)?;
+        let mut buf = vec![0u8; max];
+        // SAFETY: valid ioctx and name; `buf` is valid for its length.
+        let rc = unsafe {
+            ffi::rados_read(
+                self.handle,
+                c_oid.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+            )
+        };
+        let n = check(rc, op, target)?;
+        buf.truncate(usize::try_from(n).unwrap_or(0));
+        Ok(buf)
+    }
+
+    /// Applies `steps` to object `oid` in one atomic operation: all of them or none.
+    pub(crate) fn write_op(
+        &self,
+        op: &'static str,
+        target: &str,
+        oid: &str,
+        steps: &[WriteStep<'_>],
+    ) -> Result<(), Error> {
+        let c_oid = cstring(oid, op, target)?;
+        let mut names = Vec::new();
+        for step in steps {
+            if let WriteStep::Exec { class, method, .. } = step {
+                names.push((cstring(class, op, target)?, cstring(method, op, target)?));
+            }
+        }
+        let mut prvals = vec![0 as c_int; steps.len()];
+        // SAFETY: a new write op, released below exactly once.
+        let write = unsafe { ffi::rados_create_write_op() };
+        if write.is_null() {
+            return Err(Error::from_errno(-libc::ENOMEM, op, target));
+        }
+        let mut names_iter = names.iter();
+        for (step, prval) in steps.iter().zip(prvals.iter_mut()) {
+            // SAFETY: `write` is valid; every pointer handed over (names, inputs, prval) lives
+            // until the operation below completes.
+            unsafe {
+                match step {
+                    WriteStep::CreateExclusive => ffi::rados_write_op_create(
+                        write,
+                        ffi::LIBRADOS_CREATE_EXCLUSIVE as c_int,
+                        ptr::null(),
+                    ),
+                    WriteStep::AssertExists => ffi::rados_write_op_assert_exists(write),
+                    WriteStep::Exec { input, .. } => {
+                        if let Some((class, method)) = names_iter.next() {
+                            ffi::rados_write_op_exec(
+                                write,
+                                class.as_ptr(),
+                                method.as_ptr(),
+                                input.as_ptr().cast(),
+                                input.len(),
+                                prval,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // SAFETY: valid op, ioctx and name; synchronous.
+        let rc = unsafe {
+            ffi::rados_write_op_operate(write, self.handle, c_oid.as_ptr(), ptr::null_mut(), 0)
+        };
+        // SAFETY: created above, released once, after it completed.
+        unsafe { ffi::rados_release_write_op(write) };
+        check(rc, op, target).map(drop)
+    }
+
     /// Removes object `oid` of this I/O context; `Ok(false)` when it did not exist.
     pub(crate) fn remove_object(
         &self,
@@ -1308,6 +1440,20 @@ impl Image<'_> {
         };
         check(rc, op, &target).map(drop)
     }
+}
+
+/// One step of [`IoCtx::write_op`].
+pub(crate) enum WriteStep<'a> {
+    /// Create the object; fail with "exists" if it does.
+    CreateExclusive,
+    /// Fail with "not found" unless the object exists.
+    AssertExists,
+    /// Call an object-class method.
+    Exec {
+        class: &'a str,
+        method: &'a str,
+        input: &'a [u8],
+    },
 }
 
 /// Asynchronous removals under way: each completion is waited for and released exactly once,

@@ -22,6 +22,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::denc::{Reader, malformed, put_bytes};
 use crate::error::Error;
 use crate::raw::IoCtx;
 
@@ -60,52 +61,6 @@ pub(crate) enum Plain {
     No(&'static str),
 }
 
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.take::<1>().map(|[b]| b)
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        self.take().map(u32::from_le_bytes)
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        self.take().map(u64::from_le_bytes)
-    }
-
-    fn i64(&mut self) -> Option<i64> {
-        self.take().map(i64::from_le_bytes)
-    }
-
-    fn bytes(&mut self, len: usize) -> Option<&[u8]> {
-        if len > self.0.len() {
-            return None;
-        }
-        let (head, rest) = self.0.split_at(len);
-        self.0 = rest;
-        Some(head)
-    }
-
-    fn string(&mut self) -> Option<String> {
-        let len = usize::try_from(self.u32()?).ok()?;
-        self.bytes(len)
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-    }
-}
-
-fn encode_string(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&u32::try_from(s.len()).unwrap_or(u32::MAX).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
 /// Which of an image's `count` objects its object map (`object_map_load`'s answer, a
 /// `BitVector<2>`: a versioned header holding the element count, then 2 bits per object, the
 /// first object in the high bits of the first byte) says may exist. `None` when the answer is
@@ -113,14 +68,14 @@ fn encode_string(out: &mut Vec<u8>, s: &str) {
 fn objects_in_map(answer: &[u8], count: u64) -> Option<Vec<u64>> {
     let mut r = Reader(answer);
     let header_len = usize::try_from(r.u32()?).ok()?;
-    let mut header = Reader(r.bytes(header_len)?);
+    let mut header = Reader(r.raw(header_len)?);
     let (_version, _compat) = (header.u8()?, header.u8()?);
     let _struct_len = header.u32()?;
     let size = header.u64()?;
     if size != count {
         return None;
     }
-    let data = r.bytes(usize::try_from(size.div_ceil(4)).ok()?)?;
+    let data = r.raw(usize::try_from(size.div_ceil(4)).ok()?)?;
     let mut may_exist = Vec::new();
     for (byte_index, byte) in data.iter().enumerate() {
         if *byte == 0 {
@@ -135,14 +90,6 @@ fn objects_in_map(answer: &[u8], count: u64) -> Option<Vec<u64>> {
         }
     }
     Some(may_exist)
-}
-
-fn malformed(op: &'static str, target: &str, what: &str) -> Error {
-    Error::invalid(
-        op,
-        target,
-        format!("malformed {what} answer from the rbd object class"),
-    )
 }
 
 /// Removes format-2 image `name` (ID `id`) without librbd if it is plain and nobody watches
@@ -186,7 +133,7 @@ pub(crate) fn remove_plain(
         return Ok(Plain::No("it is a clone"));
     }
     let mut id_arg = Vec::new();
-    encode_string(&mut id_arg, id);
+    put_bytes(&mut id_arg, id.as_bytes());
     match call("rbd_mirroring", "mirror_image_get", &id_arg) {
         Ok(_) => return Ok(Plain::No("it is mirrored")),
         Err(e) if e.is_not_found() => {}
@@ -241,8 +188,8 @@ pub(crate) fn remove_plain(
     io.remove_object(op, target, &format!("rbd_object_map.{id}"))?;
     io.remove_object(op, target, &format!("rbd_id.{name}"))?;
     let mut entry = Vec::new();
-    encode_string(&mut entry, name);
-    encode_string(&mut entry, id);
+    put_bytes(&mut entry, name.as_bytes());
+    put_bytes(&mut entry, id.as_bytes());
     match call("rbd_directory", "dir_remove_image", &entry) {
         Ok(_) => {}
         Err(e) if e.is_not_found() => {}

@@ -1,16 +1,20 @@
-//! Removing images without librbd (the `remove` module): a plain, unwatched image goes with
-//! RADOS calls and leaves no object behind; anything else is left to librbd, which removes it
-//! as before. Against a real micro-ceph cluster; the objects are listed with the `rados` CLI.
+//! Creating and removing images without librbd (the `create` and `remove` modules): a plain
+//! image is created with RADOS calls exactly as librbd would create it (librbd then opens,
+//! writes, checks and removes it), and a plain, unwatched image is removed leaving no object
+//! behind; anything else is left to librbd, which does it as before. Against a real micro-ceph
+//! cluster; objects are listed with the `rados` CLI, images inspected with the `rbd` CLI.
 
 mod common;
 
-use ceph_rbd::{CreateOptions, Error, Features, pool_spec, removed_without_librbd};
+use ceph_rbd::{
+    CreateOptions, Error, Features, created_without_librbd, pool_spec, removed_without_librbd,
+};
 use common::*;
 
 const MIB: u64 = 1 << 20;
 const PLAIN_FULL: &str = "layering,exclusive-lock,object-map,fast-diff,deep-flatten";
 
-/// The counter is process-wide: tests that read it take turns.
+/// The counters are process-wide, and one test changes pool settings: the tests take turns.
 static COUNTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Every object of `spec` (`pool` or `pool/namespace`) whose name contains `needle`.
@@ -184,4 +188,153 @@ async fn a_watched_image_is_left_to_librbd_which_names_the_watcher() {
     drop(holder);
     cluster.remove_image(&pool, &name).await.unwrap();
     assert_eq!(removed_without_librbd(), before + 1);
+}
+
+/// `rbd info` of an image without what differs between two images (name, ID, timestamps).
+fn info_shape(spec: &str, name: &str) -> serde_json::Value {
+    let out = micro_ceph::cluster()
+        .rbd(&["info", "--format", "json", &format!("{spec}/{name}")])
+        .unwrap();
+    let mut info: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let map = info.as_object_mut().unwrap();
+    for key in [
+        "name",
+        "id",
+        "block_name_prefix",
+        "create_timestamp",
+        "access_timestamp",
+        "modify_timestamp",
+    ] {
+        assert!(map.remove(key).is_some(), "rbd info has no {key}");
+    }
+    info
+}
+
+#[tokio::test]
+async fn plain_images_are_created_without_librbd_as_librbd_creates_them() {
+    let _turn = COUNTER.lock().await;
+    let cluster = connect().await;
+    let ns = unique("create-ns");
+    cluster.namespace_create(&pool_name(), &ns).await.unwrap();
+    let owner = vec![
+        ("provisioner.ceph.com/pv".to_string(), "pvc-1".to_string()),
+        (
+            "provisioner.ceph.com/claim".to_string(),
+            "ns/claim".to_string(),
+        ),
+    ];
+    for spec in [pool_name(), pool_spec(&pool_name(), &ns)] {
+        for features in ["layering", PLAIN_FULL] {
+            let (ours, theirs) = (unique("ours"), unique("theirs"));
+            let before = created_without_librbd();
+            cluster
+                .create_image_with_metadata(
+                    &spec,
+                    &ours,
+                    100 * MIB,
+                    &with_features(features),
+                    owner.clone(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(created_without_librbd(), before + 1, "{spec} {features}");
+            micro_ceph::cluster()
+                .rbd(&[
+                    "create",
+                    "--size",
+                    "100M",
+                    "--image-feature",
+                    features,
+                    &format!("{spec}/{theirs}"),
+                ])
+                .unwrap();
+            assert_eq!(info_shape(&spec, &ours), info_shape(&spec, &theirs));
+            assert_eq!(
+                cluster.metadata_list_unopened(&spec, &ours).await.unwrap(),
+                owner.iter().cloned().collect()
+            );
+            assert!(cluster.list_images(&spec).await.unwrap().contains(&ours));
+            // librbd uses it: writes, keeps its object map right, removes it
+            scatter_writes(&spec, &ours);
+            if features == PLAIN_FULL {
+                micro_ceph::cluster()
+                    .rbd(&["object-map", "check", &format!("{spec}/{ours}")])
+                    .unwrap();
+            }
+            // no "object map invalid" or other flag after use
+            assert_eq!(info_shape(&spec, &ours)["flags"], serde_json::json!([]));
+            let id = cluster.image_info(&spec, &ours).await.unwrap().id;
+            micro_ceph::cluster()
+                .rbd(&["rm", &format!("{spec}/{ours}")])
+                .unwrap();
+            assert_eq!(objects(&spec, &id), Vec::<String>::new(), "left behind");
+            cluster.remove_image(&spec, &theirs).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_taken_name_is_refused_and_nothing_is_left_of_the_attempt() {
+    let _turn = COUNTER.lock().await;
+    let cluster = connect().await;
+    let spec = pool_name();
+    let name = unique("taken");
+    create(&spec, &name, MIB, &with_features(PLAIN_FULL)).await;
+    let all = objects(&spec, "");
+    let e = cluster
+        .create_image(&spec, &name, MIB, &with_features(PLAIN_FULL))
+        .await
+        .unwrap_err();
+    assert!(e.is_already_exists(), "{e}");
+    assert_eq!(objects(&spec, ""), all, "the refused create left objects");
+    cluster.remove_image(&spec, &name).await.unwrap();
+}
+
+#[tokio::test]
+async fn images_that_are_not_plain_are_created_by_librbd() {
+    let _turn = COUNTER.lock().await;
+    let cluster = connect().await;
+    let spec = pool_name();
+    let before = created_without_librbd();
+    // librbd's default features, striping
+    let defaults = unique("defaults");
+    cluster
+        .create_image(&spec, &defaults, MIB, &CreateOptions::default())
+        .await
+        .unwrap();
+    let striped = unique("striped");
+    let opts = CreateOptions {
+        stripe_unit: Some(64 * 1024),
+        stripe_count: Some(4),
+        ..with_features("layering")
+    };
+    create(&spec, &striped, 16 * MIB, &opts).await;
+    assert!(
+        cluster
+            .image_info(&spec, &striped)
+            .await
+            .unwrap()
+            .features
+            .contains(Features::STRIPINGV2)
+    );
+    // a pool override of librbd's defaults: librbd applies it
+    micro_ceph::cluster()
+        .rbd(&["config", "pool", "set", &spec, "rbd_default_order", "20"])
+        .unwrap();
+    let small = unique("pool-order");
+    let made = cluster
+        .create_image(&spec, &small, 4 * MIB, &with_features("layering"))
+        .await;
+    micro_ceph::cluster()
+        .rbd(&["config", "pool", "rm", &spec, "rbd_default_order"])
+        .unwrap();
+    made.unwrap();
+    assert_eq!(
+        cluster.image_info(&spec, &small).await.unwrap().object_size,
+        MIB
+    );
+    assert_eq!(created_without_librbd(), before);
+    for name in [defaults, striped, small] {
+        cluster.remove_image(&spec, &name).await.unwrap();
+    }
 }
