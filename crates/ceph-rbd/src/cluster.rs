@@ -440,30 +440,15 @@ impl Cluster {
         Ok(InFlight(key))
     }
 
-    /// Creates an image of `size` bytes.
+    /// Creates an image of `size` bytes. A plain image (see `create`: format 2, plain features,
+    /// no data pool or striping, in a validated pool without mirroring or `rbd_default_*`
+    /// overrides) is created with RADOS calls, any other by librbd.
     pub async fn create_image(
         &self,
         pool: &str,
         name: &str,
         size: u64,
         opts: &CreateOptions,
-    ) -> Result<(), Error> {
-        self.create_image_with_metadata(pool, name, size, opts, Vec::new())
-            .await
-    }
-
-    /// Creates an image of `size` bytes with `metadata` set on it. A plain image (see
-    /// `create`: format 2, plain features, no data pool or striping, in a validated pool without
-    /// mirroring or `rbd_default_*` overrides) is created with RADOS calls, its header and
-    /// metadata written in one atomic operation; any other by librbd, the metadata then set in
-    /// one object-class call (format 1: key by key). "Already exists" when the name is taken.
-    pub async fn create_image_with_metadata(
-        &self,
-        pool: &str,
-        name: &str,
-        size: u64,
-        opts: &CreateOptions,
-        metadata: Vec<(String, String)>,
     ) -> Result<(), Error> {
         let op = "create image";
         check_image_name(op, pool, name)?;
@@ -475,17 +460,13 @@ impl Cluster {
         let target = format!("{pool}/{name}");
         self.with_pool(op, pool, target.clone(), move |io| {
             let _guard = guard;
-            match crate::create::create_plain(io, op, &target, &name, size, &opts, &metadata)? {
-                crate::create::Plain::Created => return Ok(()),
+            match crate::create::create_plain(io, op, &target, &name, size, &opts)? {
+                crate::create::Plain::Created => Ok(()),
                 crate::create::Plain::No(why) => {
                     tracing::debug!(image = %target, why, "creating through librbd");
+                    io.create_image(&name, size, &opts)
                 }
             }
-            io.create_image(&name, size, &opts)?;
-            if metadata.is_empty() {
-                return Ok(());
-            }
-            crate::header::set_metadata_of(io, op, &target, &name, &metadata)
         })
         .await
     }

@@ -9,8 +9,7 @@
 //! 1. the `rbd_directory` entry (name <-> ID), which fails if the name is taken;
 //! 2. the ID object `rbd_id.<name>`;
 //! 3. the header `rbd_header.<id>` (the `rbd` class's `create` sets size, order, features,
-//!    object prefix and timestamps), here in the same atomic operation as the caller's
-//!    metadata (the owner record), so an image never exists without it;
+//!    object prefix and timestamps);
 //! 4. the object map `rbd_object_map.<id>` (object-map feature), every object nonexistent.
 //!
 //! A failed step undoes the earlier ones, as librbd does; a crash between steps leaves a
@@ -20,7 +19,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::CreateOptions;
-use crate::denc::{Reader, malformed, put_bytes, put_map};
+use crate::denc::{Reader, malformed, put_bytes};
 use crate::error::Error;
 use crate::raw::{IoCtx, WriteStep};
 
@@ -137,7 +136,7 @@ fn pool_is_plain(
     Ok(None)
 }
 
-/// Creates image `name` of `size` bytes with `metadata` set, without librbd, if it is plain
+/// Creates image `name` of `size` bytes without librbd if it is plain
 /// (see the module); otherwise writes nothing and says why. "Already exists" when the name is
 /// taken (also by a partial image).
 pub(crate) fn create_plain(
@@ -147,7 +146,6 @@ pub(crate) fn create_plain(
     name: &str,
     size: u64,
     opts: &CreateOptions,
-    metadata: &[(String, String)],
 ) -> Result<Plain, Error> {
     let default_order = io
         .conf_get(op, "rbd_default_order")?
@@ -213,12 +211,7 @@ pub(crate) fn create_plain(
     create.extend_from_slice(&features.to_le_bytes());
     put_bytes(&mut create, format!("rbd_data.{id}").as_bytes());
     create.extend_from_slice(&(-1i64).to_le_bytes());
-    let mut meta = Vec::new();
-    put_map(&mut meta, metadata);
-    let mut steps = vec![exec("create", &create)];
-    if !metadata.is_empty() {
-        steps.push(exec("metadata_set", &meta));
-    }
+    let steps = [exec("create", &create)];
     if let Err(e) = io.write_op(op, target, &header, &steps) {
         undo_id();
         return Err(e);

@@ -111,28 +111,6 @@ pub(crate) fn set_metadata(
     .map(drop)
 }
 
-/// Sets `entries` on image `name`: in one call on its header, or, for a format-1 image, by
-/// opening it, key by key, as librbd allows. Not found: no such image.
-pub(crate) fn set_metadata_of(
-    io: &IoCtx<'_>,
-    op: &'static str,
-    target: &str,
-    name: &str,
-    entries: &[(String, String)],
-) -> Result<(), Error> {
-    match image_id(io, op, target, name) {
-        Ok(id) => set_metadata(io, op, target, &id, entries),
-        // gone, or format 1: librbd says which
-        Err(e) if e.is_not_found() => {
-            let img = io.open(name, false)?;
-            entries
-                .iter()
-                .try_for_each(|(key, value)| img.metadata_set(key, value))
-        }
-        Err(e) => Err(e),
-    }
-}
-
 impl Cluster {
     /// Sets several metadata keys of a format-2 image in one object-class call on its header,
     /// without opening the image: all keys or none. Much cheaper than
@@ -152,7 +130,17 @@ impl Cluster {
         let target = format!("{pool}/{name}");
         self.with_pool(op, pool, target.clone(), move |io| {
             let _guard = guard;
-            set_metadata_of(io, op, &target, &name, &entries)
+            match image_id(io, op, &target, &name) {
+                Ok(id) => set_metadata(io, op, &target, &id, &entries),
+                // gone, or format 1: librbd says which
+                Err(e) if e.is_not_found() => {
+                    let img = io.open(&name, false)?;
+                    entries
+                        .iter()
+                        .try_for_each(|(key, value)| img.metadata_set(key, value))
+                }
+                Err(e) => Err(e),
+            }
         })
         .await
     }

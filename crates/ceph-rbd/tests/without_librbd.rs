@@ -227,14 +227,9 @@ async fn plain_images_are_created_without_librbd_as_librbd_creates_them() {
         for features in ["layering", PLAIN_FULL] {
             let (ours, theirs) = (unique("ours"), unique("theirs"));
             let before = created_without_librbd();
+            create(&spec, &ours, 100 * MIB, &with_features(features)).await;
             cluster
-                .create_image_with_metadata(
-                    &spec,
-                    &ours,
-                    100 * MIB,
-                    &with_features(features),
-                    owner.clone(),
-                )
+                .metadata_set_unopened(&spec, &ours, owner.clone())
                 .await
                 .unwrap();
             assert_eq!(created_without_librbd(), before + 1, "{spec} {features}");
