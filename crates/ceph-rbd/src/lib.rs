@@ -19,6 +19,10 @@
 //! * [`Error`] is typed (not found, exists, in use with watcher addresses, permission, timeout...)
 //!   and names the operation and the pool/image, never the key.
 //! * Every `pool` argument is `pool` or `pool/namespace` (a RADOS namespace): see [`namespace`].
+//! * Plain format-2 images are created and removed with RADOS calls, the objects librbd itself
+//!   writes and removes, without a librbd image context (most of the CPU an image costs);
+//!   every other image, and every other operation, goes through librbd
+//!   ([`created_without_librbd`], [`removed_without_librbd`] count the former).
 //! * All `unsafe` code lives in the private `raw` module.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
