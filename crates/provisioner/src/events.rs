@@ -1,12 +1,19 @@
 //! A core/v1 Event recorder that never blocks the caller.
 //!
-//! [`EventRecorder::record`] puts the event on a bounded channel and returns; a background task
-//! writes it. Like client-go's recorder, a repeat of the same type, reason and message on the
+//! [`EventRecorder::record`] puts the event on a bounded channel and returns; background tasks
+//! write it. Like client-go's recorder, a repeat of the same type, reason and message on the
 //! same object bumps `count` and `lastTimestamp` of the existing Event instead of creating a
 //! new one. When the channel is full or the API write fails, the event is dropped with a log
 //! line: events are advice for humans, never a reason to stall provisioning.
+//!
+//! [`WRITERS`] tasks write at once, each for its share of the objects (by the object's UID, or
+//! name), so a burst of provisioning (two events per claim) is written as it happens instead of
+//! trailing behind it one request at a time; all events of one object go through one task, in
+//! order, and are aggregated there.
 
 use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
@@ -15,10 +22,12 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 
-/// Events buffered before new ones are dropped.
-const CHANNEL_CAPACITY: usize = 4096;
-/// Aggregation entries remembered before the cache is cleared.
-const CACHE_LIMIT: usize = 4096;
+/// Tasks writing events at once.
+pub const WRITERS: usize = 4;
+/// Events buffered (per writer) before new ones are dropped.
+const CHANNEL_CAPACITY: usize = 4096 / WRITERS;
+/// Aggregation entries remembered (per writer) before that writer's cache is cleared.
+const CACHE_LIMIT: usize = 4096 / WRITERS;
 
 /// Event type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,24 +58,30 @@ struct PendingEvent {
 /// Records Events; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct EventRecorder {
-    sender: mpsc::Sender<PendingEvent>,
+    /// One channel per writer task.
+    senders: Arc<[mpsc::Sender<PendingEvent>]>,
 }
 
 impl EventRecorder {
     /// A recorder writing through `client` as `component` (event `source.component` and
-    /// `reportingComponent`) on instance `instance`. Spawns the writer task; call inside a
-    /// tokio runtime. The task ends when every clone of the recorder is dropped.
+    /// `reportingComponent`) on instance `instance`. Spawns the writer tasks; call inside a
+    /// tokio runtime. The tasks end when every clone of the recorder is dropped.
     #[must_use]
     pub fn new(client: Client, component: &str, instance: &str) -> Self {
-        let (sender, receiver) = mpsc::channel(CHANNEL_CAPACITY);
-        let writer = Writer {
-            client,
-            component: component.to_owned(),
-            instance: instance.to_owned(),
-            seen: HashMap::new(),
-        };
-        tokio::spawn(writer.run(receiver));
-        Self { sender }
+        let senders = std::iter::repeat_n(client, WRITERS)
+            .map(|client| {
+                let (sender, receiver) = mpsc::channel(CHANNEL_CAPACITY);
+                let writer = Writer {
+                    client,
+                    component: component.to_owned(),
+                    instance: instance.to_owned(),
+                    seen: HashMap::new(),
+                };
+                tokio::spawn(writer.run(receiver));
+                sender
+            })
+            .collect();
+        Self { senders }
     }
 
     /// Records an event about `object`.
@@ -85,13 +100,23 @@ impl EventRecorder {
         reason: &str,
         message: &str,
     ) {
+        let mut hasher = DefaultHasher::new();
+        object
+            .uid
+            .as_ref()
+            .or(object.name.as_ref())
+            .hash(&mut hasher);
+        let writer = usize::try_from(hasher.finish() % WRITERS as u64).unwrap_or(0);
         let event = PendingEvent {
             object,
             event_type,
             reason: reason.to_owned(),
             message: message.to_owned(),
         };
-        if let Err(error) = self.sender.try_send(event) {
+        let Some(sender) = self.senders.get(writer) else {
+            return;
+        };
+        if let Err(error) = sender.try_send(event) {
             tracing::warn!(reason, %error, "event dropped");
         }
     }

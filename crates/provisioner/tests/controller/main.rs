@@ -4,6 +4,7 @@
 mod common;
 
 mod delete;
+mod events;
 mod expand;
 mod failures;
 mod leader;
