@@ -333,3 +333,39 @@ async fn images_that_are_not_plain_are_created_by_librbd() {
         cluster.remove_image(&spec, &name).await.unwrap();
     }
 }
+
+/// What a create killed right after its first step leaves (librbd's order, and ours): the
+/// directory entry alone. The name is taken until a remove clears it.
+#[tokio::test]
+async fn a_create_cut_after_its_directory_entry_is_cleared_by_remove() {
+    let _turn = COUNTER.lock().await;
+    let cluster = connect().await;
+    let spec = pool_name();
+    let name = unique("cut");
+    create(&spec, &name, MIB, &with_features(PLAIN_FULL)).await;
+    let id = cluster.image_info(&spec, &name).await.unwrap().id;
+    for object in [
+        format!("rbd_header.{id}"),
+        format!("rbd_object_map.{id}"),
+        format!("rbd_id.{name}"),
+    ] {
+        micro_ceph::cluster()
+            .rados(&["-p", &spec, "rm", &object])
+            .unwrap();
+    }
+    let e = cluster
+        .create_image(&spec, &name, MIB, &with_features(PLAIN_FULL))
+        .await
+        .unwrap_err();
+    assert!(e.is_already_exists(), "{e}");
+    match cluster.remove_image(&spec, &name).await {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => panic!("{e}"),
+    }
+    create(&spec, &name, MIB, &with_features(PLAIN_FULL)).await;
+    let listed = cluster.list_images(&spec).await.unwrap();
+    assert_eq!(listed.iter().filter(|n| **n == name).count(), 1);
+    cluster.remove_image(&spec, &name).await.unwrap();
+    assert_eq!(objects(&spec, &name), Vec::<String>::new());
+}
