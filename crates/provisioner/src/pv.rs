@@ -111,8 +111,13 @@ pub enum VolumeDecision {
 /// fresh read) and by the summary the controller caches of every PV (a few hundred bytes instead
 /// of several KiB), so both are decided by the same code.
 pub trait VolumeFacts {
-    /// The object's metadata (name, uid, annotations, finalizers, deletion timestamp).
+    /// The object's metadata (name, uid, deletion timestamp; the summary keeps no annotations
+    /// or finalizers: [`VolumeFacts::provisioned_by`], [`VolumeFacts::has_our_finalizer`]).
     fn meta(&self) -> &ObjectMeta;
+    /// The `pv.kubernetes.io/provisioned-by` annotation.
+    fn provisioned_by(&self) -> Option<&str>;
+    /// Whether [`FINALIZER`] is among the finalizers.
+    fn has_our_finalizer(&self) -> bool;
     /// `status.phase`.
     fn phase(&self) -> Option<&str>;
     /// `spec.persistentVolumeReclaimPolicy`.
@@ -128,6 +133,12 @@ pub trait VolumeFacts {
 impl VolumeFacts for PersistentVolume {
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
+    }
+    fn provisioned_by(&self) -> Option<&str> {
+        provisioned_by(&self.metadata)
+    }
+    fn has_our_finalizer(&self) -> bool {
+        has_our_finalizer(&self.metadata)
     }
     fn phase(&self) -> Option<&str> {
         self.status.as_ref()?.phase.as_deref()
@@ -154,6 +165,12 @@ impl<T: VolumeFacts + ?Sized> VolumeFacts for &T {
     fn meta(&self) -> &ObjectMeta {
         (**self).meta()
     }
+    fn provisioned_by(&self) -> Option<&str> {
+        (**self).provisioned_by()
+    }
+    fn has_our_finalizer(&self) -> bool {
+        (**self).has_our_finalizer()
+    }
     fn phase(&self) -> Option<&str> {
         (**self).phase()
     }
@@ -175,19 +192,27 @@ impl<T: VolumeFacts + ?Sized> VolumeFacts for &T {
 #[must_use]
 pub fn is_ours(volume: &(impl VolumeFacts + ?Sized), our_names: &[String]) -> bool {
     volume
-        .meta()
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(ANN_PROVISIONED_BY))
+        .provisioned_by()
         .is_some_and(|by| our_names.iter().any(|ours| ours == by))
 }
 
 /// Whether `volume` carries our finalizer.
 #[must_use]
 pub fn has_finalizer(volume: &(impl VolumeFacts + ?Sized)) -> bool {
-    volume
-        .meta()
-        .finalizers
+    volume.has_our_finalizer()
+}
+
+/// The `pv.kubernetes.io/provisioned-by` annotation of `meta`.
+pub(crate) fn provisioned_by(meta: &ObjectMeta) -> Option<&str> {
+    meta.annotations
+        .as_ref()?
+        .get(ANN_PROVISIONED_BY)
+        .map(String::as_str)
+}
+
+/// Whether [`FINALIZER`] is among the finalizers of `meta`.
+pub(crate) fn has_our_finalizer(meta: &ObjectMeta) -> bool {
+    meta.finalizers
         .as_ref()
         .is_some_and(|finalizers| finalizers.iter().any(|f| f == FINALIZER))
 }

@@ -22,11 +22,11 @@ use kube::Resource;
 use serde::{Deserialize, Deserializer};
 
 use crate::ownership::ANN_BETA_STORAGE_CLASS;
-use crate::pv::{ANN_PROVISIONED_BY, FINALIZER, VolumeFacts};
+use crate::pv::{ANN_PROVISIONED_BY, VolumeFacts};
 use crate::resize::ANN_STORAGE_RESIZER;
 
 /// A PersistentVolume as the controller caches it: name, uid, resourceVersion, deletion
-/// timestamp, our annotation and finalizer, phase, reclaim policy, capacity, CSI driver and the
+/// timestamp, our annotation and whether our finalizer is on it, phase, reclaim policy, capacity, CSI driver and the
 /// bound claim's uid ([`VolumeFacts`]). Watched and listed as `persistentvolumes`.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub(crate) struct CachedVolume {
@@ -36,6 +36,12 @@ pub(crate) struct CachedVolume {
     spec: CachedSpec,
     #[serde(default)]
     status: CachedStatus,
+    /// Our annotation and finalizer, moved out of `metadata` by [`CachedVolume::trim`] (a map
+    /// and a list of one entry each cost about 600 bytes per PV).
+    #[serde(skip)]
+    provisioned_by: Option<String>,
+    #[serde(skip)]
+    our_finalizer: bool,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -71,20 +77,21 @@ fn storage_only<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Qua
 }
 
 impl CachedVolume {
-    /// Drops the metadata no decision reads (labels, managed fields, owner references, other
-    /// annotations and finalizers); called before the reflector stores it.
+    /// Drops the metadata no decision reads (labels, managed fields, owner references,
+    /// annotations and finalizers, keeping whether ours are there); called before the reflector
+    /// stores it.
     pub(crate) fn trim(&mut self) {
         let meta = &mut self.metadata;
-        let provisioned_by = meta
+        if let Some(by) = meta
             .annotations
             .take()
-            .and_then(|mut annotations| annotations.remove_entry(ANN_PROVISIONED_BY));
-        meta.annotations = provisioned_by.map(|(key, value)| BTreeMap::from([(key, value)]));
-        meta.finalizers = meta
-            .finalizers
-            .take()
-            .filter(|finalizers| finalizers.iter().any(|f| f == FINALIZER))
-            .map(|_| vec![FINALIZER.to_owned()]);
+            .and_then(|mut annotations| annotations.remove(ANN_PROVISIONED_BY))
+        {
+            self.provisioned_by = Some(by);
+        }
+        self.our_finalizer |= crate::pv::has_our_finalizer(meta);
+        meta.annotations = None;
+        meta.finalizers = None;
         meta.labels = None;
         meta.managed_fields = None;
         meta.owner_references = None;
@@ -124,6 +131,14 @@ impl Resource for CachedVolume {
 impl VolumeFacts for CachedVolume {
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
+    }
+    fn provisioned_by(&self) -> Option<&str> {
+        self.provisioned_by
+            .as_deref()
+            .or_else(|| crate::pv::provisioned_by(&self.metadata))
+    }
+    fn has_our_finalizer(&self) -> bool {
+        self.our_finalizer || crate::pv::has_our_finalizer(&self.metadata)
     }
     fn phase(&self) -> Option<&str> {
         self.status.phase.as_deref()
@@ -200,6 +215,7 @@ fn storage_request(mut requests: BTreeMap<String, Quantity>) -> BTreeMap<String,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pv::FINALIZER;
     use serde_json::json;
 
     fn volume_json() -> serde_json::Value {
@@ -254,7 +270,8 @@ mod tests {
         let meta = VolumeFacts::meta(&cached);
         assert_eq!(meta.labels, None);
         assert_eq!(meta.managed_fields, None);
-        assert_eq!(meta.annotations.as_ref().map(BTreeMap::len), Some(1));
+        assert_eq!(meta.annotations, None);
+        assert_eq!(meta.finalizers, None);
         assert!(meta.deletion_timestamp.is_some());
 
         // without our annotation or finalizer, and a minimal object
