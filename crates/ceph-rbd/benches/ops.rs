@@ -76,7 +76,17 @@ fn main() {
     for i in 0..rounds {
         // through the crate
         let name = format!("bench-lib-{i}");
-        let opts = CreateOptions::default();
+        // the provisioner's default features, named (as its classes do): a plain image, which
+        // the crate creates and removes without librbd; the CLI gets the same from its defaults
+        let opts = CreateOptions {
+            features: Some(
+                ceph_rbd::Features::parse(
+                    "layering,exclusive-lock,object-map,fast-diff,deep-flatten",
+                )
+                .unwrap_or_else(|e| panic!("{e}")),
+            ),
+            ..CreateOptions::default()
+        };
         let steps: [(usize, Duration); 5] = rt.block_on(async {
             let (a, r) = timed_async(conn.create_image(&pool, &name, SIZE, &opts)).await;
             r.unwrap_or_else(|e| panic!("{e}"));
