@@ -175,53 +175,108 @@ fn ours_unthrottled(r: &RunResult) -> bool {
     r.profile == OURS && r.control_plane == UNTHROTTLED
 }
 
-/// The issue's targets against the runs that exist.
-pub fn checks(runs: &[RunResult], ratios: &[(usize, f64)]) -> Vec<Check> {
-    let ours = |n: usize| runs.iter().find(|r| ours_unthrottled(r) && r.claims == n);
-    let mut out = Vec::new();
-    if let Some(r) = ours(1000) {
-        let bind = if r.bound == r.claims {
-            r.bind_time_s
-        } else {
-            f64::INFINITY
-        };
-        out.push(check_max("1000 PVCs to Bound <= 10 s", bind, 10.0, "s"));
-        out.push(check_max(
-            "bind p99 <= 3 s (N=1000)",
-            r.bind_latency.p99_s,
-            3.0,
-            "s",
-        ));
-        let del = if r.deleted == r.bound && r.images_left == 0 {
-            r.delete_time_s
-        } else {
-            f64::INFINITY
-        };
-        out.push(check_max("1000 deletions <= 10 s", del, 10.0, "s"));
+/// Our unthrottled runs of `n` claims, in the order they ran.
+fn ours_of(runs: &[RunResult], n: usize) -> Vec<&RunResult> {
+    runs.iter()
+        .filter(|r| ours_unthrottled(r) && r.claims == n)
+        .collect()
+}
+
+/// A target of the form "at most `limit`" judged on the worst of the runs given (a figure that
+/// could not be measured counts as infinitely bad); with more than one run the measured figure
+/// says so, and the best, so a verdict never rests on the luckiest run.
+fn check_worst(
+    target: &str,
+    runs: &[&RunResult],
+    value: impl Fn(&RunResult) -> f64,
+    limit: f64,
+    unit: &str,
+) -> Option<Check> {
+    let values: Vec<f64> = runs
+        .iter()
+        .map(|r| value(r))
+        .map(|v| if v.is_nan() { f64::INFINITY } else { v })
+        .collect();
+    let worst = values.iter().copied().reduce(f64::max)?;
+    let mut check = check_max(target, worst, limit, unit);
+    if values.len() > 1 {
+        let best = values.iter().copied().reduce(f64::min).unwrap_or(worst);
+        check.measured = format!(
+            "{} (worst of {} runs; best {best:.2} {unit})",
+            check.measured,
+            values.len()
+        );
     }
+    Some(check)
+}
+
+/// The issue's targets against the runs that exist. Where several runs have the same size, each
+/// target is judged on the worst of them.
+pub fn checks(runs: &[RunResult], ratios: &[(usize, f64)]) -> Vec<Check> {
+    let mut out = Vec::new();
+    let n1000 = ours_of(runs, 1000);
+    out.extend(check_worst(
+        "1000 PVCs to Bound <= 10 s",
+        &n1000,
+        |r| {
+            if r.bound == r.claims {
+                r.bind_time_s
+            } else {
+                f64::INFINITY
+            }
+        },
+        10.0,
+        "s",
+    ));
+    out.extend(check_worst(
+        "bind p99 <= 3 s (N=1000)",
+        &n1000,
+        |r| r.bind_latency.p99_s,
+        3.0,
+        "s",
+    ));
+    out.extend(check_worst(
+        "1000 deletions <= 10 s",
+        &n1000,
+        |r| {
+            if r.deleted == r.bound && r.images_left == 0 {
+                r.delete_time_s
+            } else {
+                f64::INFINITY
+            }
+        },
+        10.0,
+        "s",
+    ));
     let biggest = runs
         .iter()
         .filter(|r| ours_unthrottled(r))
-        .max_by_key(|r| r.claims);
-    if let Some(r) = biggest {
-        out.push(check_max(
-            &format!("peak RSS <= 40 MiB with {} PVs cached", r.bound),
-            r.peak_rss_bound_mib,
+        .map(|r| r.claims)
+        .max()
+        .map(|n| ours_of(runs, n))
+        .unwrap_or_default();
+    if let Some(first) = biggest.first() {
+        out.extend(check_worst(
+            &format!("peak RSS <= 40 MiB with {} PVs cached", first.claims),
+            &biggest,
+            |r| r.peak_rss_bound_mib,
             40.0,
             "MiB",
         ));
-        out.push(check_max(
+        out.extend(check_worst(
             &format!(
                 "private (anon) RSS <= 40 MiB with {} PVs cached (VmHWM above also counts shared library pages)",
-                r.bound
+                first.claims
             ),
-            r.peak_anon_bound_mib,
+            &biggest,
+            |r| r.peak_anon_bound_mib,
             40.0,
             "MiB",
         ));
-        out.push(check_max(
-            &format!("idle CPU ~0 (<= 1% of a core, N={})", r.claims),
-            r.idle_cpu_fraction * 100.0,
+        out.extend(check_worst(
+            &format!("idle CPU ~0 (<= 1% of a core, N={})", first.claims),
+            &biggest,
+            |r| r.idle_cpu_fraction * 100.0,
             1.0,
             "%",
         ));
@@ -254,39 +309,35 @@ pub fn checks(runs: &[RunResult], ratios: &[(usize, f64)]) -> Vec<Check> {
 /// runs the library with `AddFinalizer(true)`).
 pub const UPSTREAM_WRITES_PER_CLAIM: f64 = 5.0;
 
-/// Issue 14's per-claim cost targets: CPU, private memory, API writes, emulator stalls.
+/// Issue 14's per-claim cost targets: CPU, private memory, API writes, emulator stalls; each
+/// judged on the worst run of its size.
 fn cost_checks(runs: &[RunResult]) -> Vec<Check> {
-    let ours = |n: usize| runs.iter().find(|r| ours_unthrottled(r) && r.claims == n);
     let mut out = Vec::new();
-    if let Some(r) = ours(1000) {
-        out.push(check_max(
-            "provisioner CPU <= 5 ms per claim, create + delete (N=1000)",
-            if r.cpu_per_claim_ms.is_nan() {
-                f64::INFINITY
-            } else {
-                r.cpu_per_claim_ms
-            },
-            5.0,
-            "ms",
-        ));
-        out.push(check_max(
-            &format!(
-                "API writes per claim <= upstream external-provisioner's {UPSTREAM_WRITES_PER_CLAIM} (N=1000)"
-            ),
-            r.writes_per_claim_create + r.writes_per_claim_delete,
-            UPSTREAM_WRITES_PER_CLAIM,
-            "",
-        ));
-    }
+    let n1000 = ours_of(runs, 1000);
+    out.extend(check_worst(
+        "provisioner CPU <= 5 ms per claim, create + delete (N=1000)",
+        &n1000,
+        |r| r.cpu_per_claim_ms,
+        5.0,
+        "ms",
+    ));
+    out.extend(check_worst(
+        &format!(
+            "API writes per claim <= upstream external-provisioner's {UPSTREAM_WRITES_PER_CLAIM} (N=1000)"
+        ),
+        &n1000,
+        |r| r.writes_per_claim_create + r.writes_per_claim_delete,
+        UPSTREAM_WRITES_PER_CLAIM,
+        "",
+    ));
     for (n, limit) in [(1000, 24.0), (5000, 40.0)] {
-        if let Some(r) = ours(n) {
-            out.push(check_max(
-                &format!("private (anon) RSS <= {limit} MiB over a run of {n} claims"),
-                r.peak_anon_mib,
-                limit,
-                "MiB",
-            ));
-        }
+        out.extend(check_worst(
+            &format!("private (anon) RSS <= {limit} MiB over a run of {n} claims"),
+            &ours_of(runs, n),
+            |r| r.peak_anon_mib,
+            limit,
+            "MiB",
+        ));
     }
     let stalled =
         |r: &RunResult| r.emulator_slow_answers > 0 || r.emulator_max_runtime_lag_ms > 1000.0;
@@ -614,6 +665,41 @@ mod tests {
         assert!(!c.met);
         assert_eq!(c.gap.as_deref(), Some("4.00 s over (40% above)"));
         assert!(check_max("x <= 10 s", 9.0, 10.0, "s").met);
+    }
+
+    #[test]
+    fn repeated_runs_are_judged_on_their_worst() {
+        let run = |anon, deleted| RunResult {
+            profile: OURS.into(),
+            control_plane: UNTHROTTLED.into(),
+            claims: 5000,
+            bound: 5000,
+            deleted,
+            peak_anon_mib: anon,
+            peak_anon_bound_mib: anon - 2.0,
+            ..RunResult::default()
+        };
+        let checks = checks(&[run(39.5, 5000), run(40.5, 5000), run(38.0, 5000)], &[]);
+        let over_run = checks
+            .iter()
+            .find(|c| c.target == "private (anon) RSS <= 40 MiB over a run of 5000 claims")
+            .unwrap_or_else(|| panic!("no check: {checks:?}"));
+        assert!(!over_run.met, "the 40.5 MiB run decides: {over_run:?}");
+        assert_eq!(
+            over_run.measured,
+            "40.50 MiB (worst of 3 runs; best 38.00 MiB)"
+        );
+        let cached = checks
+            .iter()
+            .find(|c| {
+                c.target
+                    .starts_with("private (anon) RSS <= 40 MiB with 5000")
+            })
+            .unwrap_or_else(|| panic!("no check: {checks:?}"));
+        assert!(cached.met, "{cached:?}");
+        // one run: the figure alone
+        let one = cost_checks(&[run(39.0, 5000)]);
+        assert!(one.iter().any(|c| c.measured == "39.00 MiB" && c.met));
     }
 
     #[test]
