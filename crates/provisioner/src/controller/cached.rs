@@ -5,12 +5,13 @@
 //! its first string (its spec holds every volume source inline) and about 6 KiB once parsed; the
 //! controller decides on a handful of its fields and reads the object fresh before it acts. So
 //! PVs are watched as [`CachedVolume`], which deserialises only those fields (the rest of each
-//! event is skipped by the parser, never allocated), and bound claims are trimmed to what the
-//! expansion and modification decisions read (unbound ones stay whole: a backend provisions from
-//! them).
+//! event is skipped by the parser, never allocated), and claims as [`CachedClaim`]: whole while
+//! unbound (a backend provisions from them), reduced to what the expansion and modification
+//! decisions read once bound.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
@@ -73,7 +74,7 @@ struct CachedStatus {
 /// `capacity: {storage: ..., other resources...}` -> the storage quantity only.
 fn storage_only<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Quantity>, D::Error> {
     let capacity: Option<BTreeMap<String, Quantity>> = Option::deserialize(deserializer)?;
-    Ok(capacity.and_then(|mut capacity| capacity.remove("storage")))
+    Ok(capacity.and_then(storage))
 }
 
 impl CachedVolume {
@@ -157,59 +158,190 @@ impl VolumeFacts for CachedVolume {
     }
 }
 
-/// Trims a bound claim to what the expansion and modification decisions read (name, namespace,
-/// uid, resourceVersion, deletion timestamp, the resizer and legacy class annotations; class,
-/// volume name, storage request and attributes class; phase, capacity, allocated resources,
-/// conditions and modification status). Unbound claims are left whole: a backend provisions
-/// from them.
-pub(crate) fn trim_bound_claim(claim: &mut PersistentVolumeClaim) {
-    let bound = claim
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.volume_name.as_deref())
-        .is_some_and(|name| !name.is_empty());
-    if !bound {
-        return;
-    }
-    let meta = &mut claim.metadata;
-    let kept: BTreeMap<String, String> = meta
-        .annotations
-        .take()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(key, _)| key == ANN_STORAGE_RESIZER || key == ANN_BETA_STORAGE_CLASS)
-        .collect();
-    meta.annotations = (!kept.is_empty()).then_some(kept);
-    meta.labels = None;
-    meta.finalizers = None;
-    meta.managed_fields = None;
-    meta.owner_references = None;
-    meta.creation_timestamp = None;
-    meta.generate_name = None;
-    meta.self_link = None;
-    if let Some(spec) = claim.spec.take() {
-        claim.spec = Some(PersistentVolumeClaimSpec {
-            storage_class_name: spec.storage_class_name,
-            volume_name: spec.volume_name,
-            volume_attributes_class_name: spec.volume_attributes_class_name,
-            resources: spec.resources.map(|resources| VolumeResourceRequirements {
-                requests: resources.requests.map(storage_request),
-                limits: None,
-            }),
-            ..PersistentVolumeClaimSpec::default()
-        });
-    }
-    if let Some(status) = claim.status.take() {
-        claim.status = Some(PersistentVolumeClaimStatus {
-            access_modes: None,
-            ..status
-        });
+/// A claim as the controller caches it: whole while it is unbound (a backend provisions from
+/// it), and once bound only what the expansion and modification decisions read ([`BoundClaim`]):
+/// a bound claim stays cached for the life of its volume, and k8s-openapi's type costs about
+/// 2.5 KiB even trimmed (its structs hold every field inline, and each of its one-entry quantity
+/// maps is a whole B-tree node of about 550 bytes). Watched and listed as
+/// `persistentvolumeclaims`; parsed whole, then [`CachedClaim::trim`]med before it is stored.
+#[derive(Clone, Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "the bound form is what stays cached; boxing it would add an allocation per claim"
+)]
+pub(crate) enum CachedClaim {
+    /// Not bound (or not trimmed yet): the claim as the API server sent it.
+    Whole(Arc<PersistentVolumeClaim>),
+    /// Bound to a volume.
+    Bound(BoundClaim),
+}
+
+/// What a bound claim keeps: name, namespace, uid, resourceVersion, deletion timestamp, the
+/// resizer and legacy class annotations; class, volume name, storage request and attributes
+/// class; phase, storage capacity, and the status's rarer fields (allocated resources,
+/// conditions, modification status), boxed because most bound claims have none of them.
+#[derive(Clone, Debug)]
+pub(crate) struct BoundClaim {
+    metadata: ObjectMeta,
+    storage_class_name: Option<String>,
+    volume_name: String,
+    volume_attributes_class_name: Option<String>,
+    request: Option<Quantity>,
+    has_status: bool,
+    phase: Option<String>,
+    capacity: Option<Quantity>,
+    progress: Option<Box<PersistentVolumeClaimStatus>>,
+}
+
+impl<'de> Deserialize<'de> for CachedClaim {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        PersistentVolumeClaim::deserialize(deserializer).map(|claim| Self::Whole(Arc::new(claim)))
     }
 }
 
-fn storage_request(mut requests: BTreeMap<String, Quantity>) -> BTreeMap<String, Quantity> {
-    requests.retain(|key, _| key == "storage");
-    requests
+impl CachedClaim {
+    /// The whole claim, while it has not been trimmed.
+    pub(crate) fn whole_mut(&mut self) -> Option<&mut PersistentVolumeClaim> {
+        match self {
+            Self::Whole(claim) => Some(Arc::make_mut(claim)),
+            Self::Bound(_) => None,
+        }
+    }
+
+    /// Keeps only what the decisions read once the claim is bound; an unbound claim stays whole.
+    pub(crate) fn trim(&mut self) {
+        let Self::Whole(claim) = self else {
+            return;
+        };
+        let Some(volume_name) = claim
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.volume_name.as_deref())
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned)
+        else {
+            return;
+        };
+        let claim = std::mem::take(Arc::make_mut(claim));
+        let mut meta = claim.metadata;
+        let kept: BTreeMap<String, String> = meta
+            .annotations
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(key, _)| key == ANN_STORAGE_RESIZER || key == ANN_BETA_STORAGE_CLASS)
+            .collect();
+        let metadata = ObjectMeta {
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            deletion_timestamp: meta.deletion_timestamp,
+            annotations: (!kept.is_empty()).then_some(kept),
+            ..ObjectMeta::default()
+        };
+        let spec = claim.spec.unwrap_or_default();
+        let request = spec
+            .resources
+            .and_then(|resources| resources.requests)
+            .and_then(storage);
+        let has_status = claim.status.is_some();
+        let mut status = claim.status.unwrap_or_default();
+        let phase = status.phase.take();
+        let capacity = status.capacity.take().and_then(storage);
+        status.access_modes = None;
+        let progress = (status != PersistentVolumeClaimStatus::default()).then(|| Box::new(status));
+        *self = Self::Bound(BoundClaim {
+            metadata,
+            storage_class_name: spec.storage_class_name,
+            volume_name,
+            volume_attributes_class_name: spec.volume_attributes_class_name,
+            request,
+            has_status,
+            phase,
+            capacity,
+            progress,
+        });
+    }
+
+    /// The claim as k8s-openapi's type, for the decisions and event references: the same `Arc`
+    /// for a whole claim; for a bound one, a claim holding what was kept.
+    pub(crate) fn view(&self) -> Arc<PersistentVolumeClaim> {
+        match self {
+            Self::Whole(claim) => Arc::clone(claim),
+            Self::Bound(bound) => Arc::new(bound.view()),
+        }
+    }
+}
+
+impl BoundClaim {
+    fn view(&self) -> PersistentVolumeClaim {
+        let status = self.has_status.then(|| {
+            let mut status = self.progress.as_deref().cloned().unwrap_or_default();
+            status.phase.clone_from(&self.phase);
+            status.capacity = self.capacity.clone().map(storage_map);
+            status
+        });
+        PersistentVolumeClaim {
+            metadata: self.metadata.clone(),
+            spec: Some(PersistentVolumeClaimSpec {
+                storage_class_name: self.storage_class_name.clone(),
+                volume_name: Some(self.volume_name.clone()),
+                volume_attributes_class_name: self.volume_attributes_class_name.clone(),
+                resources: self
+                    .request
+                    .clone()
+                    .map(|request| VolumeResourceRequirements {
+                        requests: Some(storage_map(request)),
+                        limits: None,
+                    }),
+                ..PersistentVolumeClaimSpec::default()
+            }),
+            status,
+        }
+    }
+}
+
+impl Resource for CachedClaim {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind((): &()) -> Cow<'_, str> {
+        <PersistentVolumeClaim as k8s_openapi::Resource>::KIND.into()
+    }
+    fn group((): &()) -> Cow<'_, str> {
+        <PersistentVolumeClaim as k8s_openapi::Resource>::GROUP.into()
+    }
+    fn version((): &()) -> Cow<'_, str> {
+        <PersistentVolumeClaim as k8s_openapi::Resource>::VERSION.into()
+    }
+    fn api_version((): &()) -> Cow<'_, str> {
+        <PersistentVolumeClaim as k8s_openapi::Resource>::API_VERSION.into()
+    }
+    fn plural((): &()) -> Cow<'_, str> {
+        <PersistentVolumeClaim as k8s_openapi::Resource>::URL_PATH_SEGMENT.into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        match self {
+            Self::Whole(claim) => &claim.metadata,
+            Self::Bound(bound) => &bound.metadata,
+        }
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Self::Whole(claim) => &mut Arc::make_mut(claim).metadata,
+            Self::Bound(bound) => &mut bound.metadata,
+        }
+    }
+}
+
+/// The `storage` entry of a resource map.
+fn storage(mut resources: BTreeMap<String, Quantity>) -> Option<Quantity> {
+    resources.remove("storage")
+}
+
+fn storage_map(quantity: Quantity) -> BTreeMap<String, Quantity> {
+    BTreeMap::from([("storage".to_owned(), quantity)])
 }
 
 #[cfg(test)]
@@ -311,8 +443,11 @@ mod tests {
                        "currentVolumeAttributesClassName": "silver"}
         });
         let full: PersistentVolumeClaim = serde_json::from_value(claim.clone()).unwrap();
-        let mut trimmed = full.clone();
-        trim_bound_claim(&mut trimmed);
+        let mut cached: CachedClaim = serde_json::from_value(claim.clone()).unwrap();
+        cached.trim();
+        assert!(matches!(cached, CachedClaim::Bound(_)), "{cached:?}");
+        assert_eq!(Resource::meta(&cached).name.as_deref(), Some("c"));
+        let trimmed = cached.view();
         assert_eq!(
             crate::quantity::claim_request(&trimmed),
             crate::quantity::claim_request(&full)
@@ -334,29 +469,56 @@ mod tests {
             "FileSystemResizePending"
         ));
         assert_eq!(crate::modify::spec_class(&trimmed), "gold");
+        assert_eq!(
+            crate::modify::names_a_class(&trimmed),
+            crate::modify::names_a_class(&full)
+        );
         let annotations = trimmed.metadata.annotations.clone().unwrap();
         assert_eq!(annotations.len(), 2, "{annotations:?}");
         assert_eq!(trimmed.metadata.labels, None);
         assert_eq!(trimmed.metadata.finalizers, None);
         assert_eq!(trimmed.metadata.uid.as_deref(), Some("u1"));
+        assert_eq!(trimmed.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(trimmed.object_ref(&()), full.object_ref(&()));
         let spec = trimmed.spec.as_ref().unwrap();
         assert_eq!(spec.access_modes, None);
+        assert_eq!(spec.volume_name.as_deref(), Some("pvc-u1"));
         assert_eq!(spec.resources.as_ref().unwrap().limits, None);
+        let status = trimmed.status.as_ref().unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Bound"));
+        assert_eq!(status.access_modes, None);
         assert_eq!(
-            trimmed
-                .status
-                .as_ref()
-                .unwrap()
-                .current_volume_attributes_class_name
-                .as_deref(),
+            status.current_volume_attributes_class_name.as_deref(),
             Some("silver")
         );
+
+        // the common bound claim: no rarer status fields, nothing boxed
+        let mut plain: CachedClaim = serde_json::from_value(json!({
+            "metadata": {"name": "d", "namespace": "ns", "uid": "u2", "resourceVersion": "8",
+                         "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+            "spec": {"storageClassName": "fast", "volumeName": "pvc-u2",
+                     "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"}}
+        }))
+        .unwrap();
+        plain.trim();
+        let CachedClaim::Bound(bound) = &plain else {
+            panic!("not trimmed: {plain:?}");
+        };
+        assert!(bound.progress.is_none(), "{bound:?}");
+        assert_eq!(bound.metadata.annotations, None);
+        let view = plain.view();
+        assert_eq!(
+            crate::quantity::claim_capacity(&view).map(|q| q.0.clone()),
+            Some("1Gi".to_owned())
+        );
+        assert!(!crate::modify::names_a_class(&view));
 
         // an unbound claim is left whole
         let mut unbound = full.clone();
         unbound.spec.as_mut().unwrap().volume_name = None;
-        let before = unbound.clone();
-        trim_bound_claim(&mut unbound);
-        assert_eq!(unbound, before);
+        let mut cached = CachedClaim::Whole(Arc::new(unbound.clone()));
+        cached.trim();
+        assert_eq!(*cached.view(), unbound);
     }
 }

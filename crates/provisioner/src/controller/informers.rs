@@ -15,7 +15,7 @@ use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 
-use super::cached::{CachedVolume, trim_bound_claim};
+use super::cached::{CachedClaim, CachedVolume};
 use super::{Shared, Work, lock};
 use crate::ownership;
 use crate::pv::{self, VolumeFacts};
@@ -35,32 +35,34 @@ fn strip<K: Resource>(object: &mut K) {
     }
 }
 
-pub(super) async fn watch_claims(shared: Arc<Shared>, writer: Writer<PersistentVolumeClaim>) {
-    let api: Api<PersistentVolumeClaim> = Api::all(shared.client.clone());
+pub(super) async fn watch_claims(shared: Arc<Shared>, writer: Writer<CachedClaim>) {
+    let api: Api<CachedClaim> = Api::all(shared.client.clone());
     let observed = Arc::clone(&shared);
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(move |claim| {
-            for observe in &observed.claim_observers {
-                observe(claim);
+        .modify(move |cached| {
+            if let Some(claim) = cached.whole_mut() {
+                for observe in &observed.claim_observers {
+                    observe(claim);
+                }
+                strip(claim);
             }
-            strip(claim);
-            trim_bound_claim(claim);
+            cached.trim();
         })
         .reflect(writer);
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
         match event {
             Ok(watcher::Event::Apply(claim) | watcher::Event::InitApply(claim)) => {
-                claim_changed(&shared, &claim);
+                claim_changed(&shared, &claim.view());
             }
-            Ok(watcher::Event::Delete(claim)) => claim_deleted(&shared, &claim),
+            Ok(watcher::Event::Delete(claim)) => claim_deleted(&shared, &claim.view()),
             // A (re)list's objects arrive before the store is swapped at its end: work queued
             // on the way may have read the old store (a claim missing, or without the annotation
             // that makes it ours) and been dropped. Now the store holds the list: look again.
             Ok(watcher::Event::InitDone) => {
                 for claim in shared.claims.state() {
-                    claim_changed(&shared, &claim);
+                    claim_changed(&shared, &claim.view());
                 }
             }
             Ok(watcher::Event::Init) => {}
@@ -114,7 +116,7 @@ pub(super) async fn resync(shared: Arc<Shared>) {
     loop {
         interval.tick().await;
         for claim in shared.claims.state() {
-            claim_changed(&shared, &claim);
+            claim_changed(&shared, &claim.view());
         }
         for volume in shared.volumes.state() {
             volume_changed(&shared, &volume);

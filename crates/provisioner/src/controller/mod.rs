@@ -26,7 +26,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::{Client, Resource};
 use tokio::task::JoinSet;
 
-use self::cached::CachedVolume;
+use self::cached::{CachedClaim, CachedVolume};
 
 use crate::config::Config;
 use crate::events::{EventRecorder, EventType};
@@ -77,13 +77,13 @@ pub(crate) struct Shared {
     modifier: Option<Arc<dyn Modifier>>,
     metrics: Metrics,
     recorder: EventRecorder,
-    /// Claims: unbound ones whole, bound ones trimmed ([`cached::trim_bound_claim`]).
-    claims: Store<PersistentVolumeClaim>,
+    /// Claims: unbound ones whole, bound ones reduced to what decisions read ([`CachedClaim`]).
+    claims: Store<CachedClaim>,
     /// PVs as [`CachedVolume`]s: what decisions read; flows act on a fresh read.
     volumes: Store<CachedVolume>,
     classes: Store<StorageClass>,
     /// Claim UID -> where the claim lives, maintained from the watch.
-    claim_index: Mutex<HashMap<String, ObjectRef<PersistentVolumeClaim>>>,
+    claim_index: Mutex<HashMap<String, ObjectRef<CachedClaim>>>,
     /// Claim UID -> options of a provisioning the backend reported as still in progress.
     in_background: Mutex<HashMap<String, ProvisionOptions>>,
     /// Claim UID -> a provisioned volume whose PV could not be saved yet (retried until saved).
@@ -104,7 +104,7 @@ impl Shared {
         let reference = lock(&self.claim_index).get(uid).cloned()?;
         let claim = self.claims.get(&reference);
         match claim {
-            Some(claim) if claim.metadata.uid.as_deref() == Some(uid) => Some(claim),
+            Some(claim) if claim.meta().uid.as_deref() == Some(uid) => Some(claim.view()),
             _ => {
                 lock(&self.claim_index).remove(uid);
                 None
