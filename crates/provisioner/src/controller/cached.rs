@@ -5,9 +5,9 @@
 //! its first string (its spec holds every volume source inline) and about 6 KiB once parsed; the
 //! controller decides on a handful of its fields and reads the object fresh before it acts. So
 //! PVs are watched as [`CachedVolume`], which deserialises only those fields (the rest of each
-//! event is skipped by the parser, never allocated), and claims as [`CachedClaim`]: whole while
-//! unbound (a backend provisions from them), reduced to what the expansion and modification
-//! decisions read once bound.
+//! event is skipped by the parser, never allocated), and claims as [`CachedClaim`]: serialised
+//! while unbound (a backend provisions from the whole claim), reduced to what the expansion and
+//! modification decisions read once bound.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -158,22 +158,29 @@ impl VolumeFacts for CachedVolume {
     }
 }
 
-/// A claim as the controller caches it: whole while it is unbound (a backend provisions from
-/// it), and once bound only what the expansion and modification decisions read ([`BoundClaim`]):
-/// a bound claim stays cached for the life of its volume, and k8s-openapi's type costs about
-/// 2.5 KiB even trimmed (its structs hold every field inline, and each of its one-entry quantity
-/// maps is a whole B-tree node of about 550 bytes). Watched and listed as
-/// `persistentvolumeclaims`; parsed whole, then [`CachedClaim::trim`]med before it is stored.
+/// A claim as the controller caches it. Every claim stays cached while it exists, and
+/// k8s-openapi's type costs 2.5-3 KiB per claim even stripped (its structs hold every field
+/// inline, and each one-entry map, such as the storage request, is a whole B-tree node of about
+/// 550 bytes). So an unbound claim is kept as its JSON, parsed again when it is looked at (a
+/// backend provisions from the whole claim), and a bound one as only what the expansion and
+/// modification decisions read ([`BoundClaim`]). Watched and listed as `persistentvolumeclaims`;
+/// parsed whole, then [`CachedClaim::trim`]med before it is stored.
 #[derive(Clone, Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "the bound form is what stays cached; boxing it would add an allocation per claim"
-)]
 pub(crate) enum CachedClaim {
-    /// Not bound (or not trimmed yet): the claim as the API server sent it.
+    /// As the API server sent it (before [`CachedClaim::trim`]).
     Whole(Arc<PersistentVolumeClaim>),
+    /// Not bound: the whole claim as JSON, and its identity for the store.
+    Pending(PendingClaim),
     /// Bound to a volume.
     Bound(BoundClaim),
+}
+
+/// An unbound claim: name, namespace, uid and resourceVersion (what the store and lookups read)
+/// and the whole stripped claim, serialised: about 1.3 KiB in all where the parsed claim takes 2.8.
+#[derive(Clone, Debug)]
+pub(crate) struct PendingClaim {
+    metadata: ObjectMeta,
+    json: Box<str>,
 }
 
 /// What a bound claim keeps: name, namespace, uid, resourceVersion, deletion timestamp, the
@@ -204,22 +211,39 @@ impl CachedClaim {
     pub(crate) fn whole_mut(&mut self) -> Option<&mut PersistentVolumeClaim> {
         match self {
             Self::Whole(claim) => Some(Arc::make_mut(claim)),
-            Self::Bound(_) => None,
+            Self::Pending(_) | Self::Bound(_) => None,
         }
     }
 
-    /// Keeps only what the decisions read once the claim is bound; an unbound claim stays whole.
+    /// Keeps what the controller needs in its compact form: a bound claim only what the
+    /// decisions read, an unbound one whole but serialised.
     pub(crate) fn trim(&mut self) {
         let Self::Whole(claim) = self else {
             return;
         };
-        let Some(volume_name) = claim
+        let bound_to = claim
             .spec
             .as_ref()
             .and_then(|spec| spec.volume_name.as_deref())
             .filter(|name| !name.is_empty())
-            .map(str::to_owned)
-        else {
+            .map(str::to_owned);
+        let Some(volume_name) = bound_to else {
+            // Serialising a parsed claim cannot fail (string keys only); if it did, the
+            // claim would simply stay whole.
+            if let Ok(json) = serde_json::to_string(&**claim) {
+                let meta = &claim.metadata;
+                let metadata = ObjectMeta {
+                    name: meta.name.clone(),
+                    namespace: meta.namespace.clone(),
+                    uid: meta.uid.clone(),
+                    resource_version: meta.resource_version.clone(),
+                    ..ObjectMeta::default()
+                };
+                *self = Self::Pending(PendingClaim {
+                    metadata,
+                    json: json.into_boxed_str(),
+                });
+            }
             return;
         };
         let claim = std::mem::take(Arc::make_mut(claim));
@@ -264,13 +288,29 @@ impl CachedClaim {
         });
     }
 
-    /// The claim as k8s-openapi's type, for the decisions and event references: the same `Arc`
-    /// for a whole claim; for a bound one, a claim holding what was kept.
+    /// The claim as k8s-openapi's type, for the decisions, the backends and event references:
+    /// the same `Arc` for a whole claim, an unbound one parsed again, and for a bound one a claim
+    /// holding what was kept.
     pub(crate) fn view(&self) -> Arc<PersistentVolumeClaim> {
         match self {
             Self::Whole(claim) => Arc::clone(claim),
+            Self::Pending(pending) => Arc::new(pending.view()),
             Self::Bound(bound) => Arc::new(bound.view()),
         }
+    }
+}
+
+impl PendingClaim {
+    fn view(&self) -> PersistentVolumeClaim {
+        serde_json::from_str(&self.json).unwrap_or_else(|error| {
+            // Our own serialisation of the same type: cannot happen. The claim's identity alone
+            // makes every decision skip it, and the next watch event replaces it.
+            tracing::error!(claim = ?self.metadata.name, %error, "cached claim unreadable");
+            PersistentVolumeClaim {
+                metadata: self.metadata.clone(),
+                ..PersistentVolumeClaim::default()
+            }
+        })
     }
 }
 
@@ -324,12 +364,16 @@ impl Resource for CachedClaim {
     fn meta(&self) -> &ObjectMeta {
         match self {
             Self::Whole(claim) => &claim.metadata,
+            Self::Pending(pending) => &pending.metadata,
             Self::Bound(bound) => &bound.metadata,
         }
     }
+    /// A pending claim's JSON does not follow changes made here (nothing changes a stored
+    /// claim: the watch replaces it).
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         match self {
             Self::Whole(claim) => &mut Arc::make_mut(claim).metadata,
+            Self::Pending(pending) => &mut pending.metadata,
             Self::Bound(bound) => &mut bound.metadata,
         }
     }
@@ -514,11 +558,14 @@ mod tests {
         );
         assert!(!crate::modify::names_a_class(&view));
 
-        // an unbound claim is left whole
+        // an unbound claim is kept whole, serialised
         let mut unbound = full.clone();
         unbound.spec.as_mut().unwrap().volume_name = None;
         let mut cached = CachedClaim::Whole(Arc::new(unbound.clone()));
         cached.trim();
+        assert!(matches!(cached, CachedClaim::Pending(_)), "{cached:?}");
+        assert_eq!(Resource::meta(&cached).uid.as_deref(), Some("u1"));
+        assert_eq!(Resource::meta(&cached).namespace.as_deref(), Some("ns"));
         assert_eq!(*cached.view(), unbound);
     }
 }
