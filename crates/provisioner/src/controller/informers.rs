@@ -56,7 +56,7 @@ pub(super) async fn watch_claims(shared: Arc<Shared>, writer: Writer<CachedClaim
             Ok(watcher::Event::Apply(claim) | watcher::Event::InitApply(claim)) => {
                 claim_changed(&shared, &claim.view());
             }
-            Ok(watcher::Event::Delete(claim)) => claim_deleted(&shared, &claim.view()),
+            Ok(watcher::Event::Delete(claim)) => claim_deleted(&shared, &claim),
             // A (re)list's objects arrive before the store is swapped at its end: work queued
             // on the way may have read the old store (a claim missing, or without the annotation
             // that makes it ours) and been dropped. Now the store holds the list: look again.
@@ -147,8 +147,8 @@ fn claim_changed(shared: &Shared, claim: &PersistentVolumeClaim) {
     }
 }
 
-fn claim_deleted(shared: &Shared, claim: &PersistentVolumeClaim) {
-    let Some(uid) = claim.metadata.uid.clone() else {
+fn claim_deleted(shared: &Shared, claim: &CachedClaim) {
+    let Some(uid) = claim.meta().uid.clone() else {
         return;
     };
     lock(&shared.claim_index).remove(&uid);
