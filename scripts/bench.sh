@@ -4,7 +4,7 @@
 # CLI), then the end-to-end provisioning benchmark with both control planes (unthrottled, and
 # kube-controller-manager's default client limit) at N=100, 1000 and 5000, N=5000 three times,
 # and writes its tables and the harness's verdicts between BENCHMARKS.md's rbd-bench markers.
-# About 50 minutes on a 2-vCPU machine. Extra arguments go to rbd-bench (see --help), e.g.
+# About 55 minutes on a 2-vCPU machine, builds included. Extra arguments go to rbd-bench (see --help), e.g.
 #   scripts/bench.sh --out /tmp/provisioning.json
 # Everything it starts (micro-ceph, the emulator, the provisioner) is stopped when it ends,
 # also on failure or Ctrl-C.
