@@ -77,7 +77,8 @@ pub(crate) struct Shared {
     modifier: Option<Arc<dyn Modifier>>,
     metrics: Metrics,
     recorder: EventRecorder,
-    /// Claims: unbound ones whole, bound ones reduced to what decisions read ([`CachedClaim`]).
+    /// Claims: unbound ones serialised whole, bound ones reduced to what decisions read
+    /// ([`CachedClaim`]).
     claims: Store<CachedClaim>,
     /// PVs as [`CachedVolume`]s: what decisions read; flows act on a fresh read.
     volumes: Store<CachedVolume>,
