@@ -34,6 +34,7 @@ mod denc;
 mod error;
 mod features;
 mod header;
+pub mod key;
 mod lifecycle;
 pub mod namespace;
 mod pool;

@@ -108,6 +108,31 @@ fn c_text(buf: &[u8]) -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// The Ceph release of the loaded client libraries: libceph-common's `ceph_version_to_str()`
+/// (a C++ symbol every release since Luminous exports), else librbd's API version.
+pub(crate) fn client_version() -> String {
+    const SYMBOL: &[u8] = b"_Z19ceph_version_to_strv\0";
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks a symbol up; the
+    // libraries librados pulled in at startup are in the global scope.
+    let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, SYMBOL.as_ptr().cast()) };
+    if !found.is_null() {
+        // SAFETY: the symbol is `const char *ceph_version_to_str()`, taking nothing and
+        // returning a static NUL-terminated string.
+        let version =
+            unsafe { std::mem::transmute::<*mut c_void, extern "C" fn() -> *const c_char>(found) };
+        let text = version();
+        if !text.is_null() {
+            // SAFETY: a static NUL-terminated string (see above).
+            let text = unsafe { CStr::from_ptr(text) };
+            return text.to_string_lossy().into_owned();
+        }
+    }
+    let (mut major, mut minor, mut extra) = (0, 0, 0);
+    // SAFETY: three valid out-pointers.
+    unsafe { ffi::rbd_version(&mut major, &mut minor, &mut extra) };
+    format!("librbd {major}.{minor}.{extra}")
+}
+
 /// A connected cluster handle (`rados_t`).
 pub(crate) struct Rados {
     handle: ffi::rados_t,
@@ -166,11 +191,14 @@ impl Rados {
             }
         }
         // SAFETY: configured handle; blocks until connected or client_mount_timeout.
-        check(
-            unsafe { ffi::rados_connect(rados.handle) },
-            op,
-            &rados.target,
-        )?;
+        let rc = unsafe { ffi::rados_connect(rados.handle) };
+        if rc == -libc::EINVAL {
+            // librados parses the key only now and says no more than EINVAL: say why
+            if let Some(reason) = crate::key::refusal_reason(cfg.key.expose()) {
+                return Err(Error::invalid(op, &rados.target, reason));
+            }
+        }
+        check(rc, op, &rados.target)?;
         Ok(rados)
     }
 

@@ -53,6 +53,75 @@ async fn unreachable_monitors_time_out_within_the_bound() {
     assert!(took < bound + Duration::from_secs(3), "took {took:?}");
 }
 
+/// A key of Ceph 20.2's default type, `aes256k` (cipher 2, a 32-byte secret), in the text
+/// form `ceph auth print-key` gives.
+fn aes256k_key() -> String {
+    let mut bytes = 2u16.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&[0x60, 0xc6, 0xa6, 0x66, 0, 0, 0, 0]);
+    bytes.extend_from_slice(&32u16.to_le_bytes());
+    bytes.extend((0u8..32).map(|i| i.wrapping_mul(37).wrapping_add(11)));
+    base64_encode(&bytes)
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_key_of_a_type_this_client_cannot_read_is_named_by_its_type() {
+    let c = micro_ceph::cluster();
+    let key = aes256k_key();
+    let cfg = ClusterConfig::new(c.monitors.clone(), "admin", Secret::new(key.clone()))
+        .with_connect_timeout(Duration::from_secs(5));
+    let e = ConnectionPool::default().get(&cfg).await.unwrap_err();
+    let text = e.to_string();
+    // a client that reads aes256k keys gets past the parse and is refused by the cluster
+    if ceph_rbd::key::client_version().starts_with("16.") {
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        assert!(text.contains("of type aes256k"), "{text}");
+        assert!(text.contains("--key-type aes"), "{text}");
+        assert!(text.contains(&ceph_rbd::key::client_version()), "{text}");
+    }
+    assert!(text.contains("client.admin"), "{text}");
+    assert!(!format!("{e:?} {text}").contains(&key), "key leaked: {e:?}");
+}
+
+#[tokio::test]
+async fn a_malformed_key_is_named_malformed() {
+    let c = micro_ceph::cluster();
+    let key = "AQBgxqZmAAAAABAAvb0yEnMIFSMAwOvUv2sg".to_string(); // cut short
+    let cfg = ClusterConfig::new(c.monitors.clone(), "admin", Secret::new(key.clone()))
+        .with_connect_timeout(Duration::from_secs(5));
+    let e = ConnectionPool::default().get(&cfg).await.unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("the key is malformed"), "{text}");
+    assert!(!format!("{e:?} {text}").contains(&key), "key leaked: {e:?}");
+}
+
+#[test]
+fn the_linked_client_release_is_known() {
+    let version = ceph_rbd::key::client_version();
+    assert!(
+        version.chars().next().is_some_and(|c| c.is_ascii_digit()),
+        "{version}"
+    );
+}
+
 /// A `tracing` writer into a shared buffer, to check what the crate logs.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);

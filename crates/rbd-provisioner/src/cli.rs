@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::backend::SourceMode;
 
@@ -193,6 +193,26 @@ const GO_STYLE_FLAGS: &[&str] = &[
 ];
 
 /// Rewrites `-master=x` / `-id x` (Go flag syntax) as `--master=x` / `--id x`.
+/// What `--version` prints: ours and the Ceph client release this binary is linked with.
+#[must_use]
+pub fn version_text() -> String {
+    format!(
+        "{} (Ceph client {})",
+        env!("CARGO_PKG_VERSION"),
+        ceph_rbd::key::client_version()
+    )
+}
+
+/// Parses the command line (after [`normalise_args`]); `--version` names the Ceph client.
+/// Exits with clap's message on bad flags, as `Cli::parse_from` does.
+#[must_use]
+pub fn parse(args: Vec<String>) -> Cli {
+    // clap keeps the version for the life of the command: one small string, leaked once
+    let version: &'static str = Box::leak(version_text().into_boxed_str());
+    let matches = Cli::command().version(version).get_matches_from(args);
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 pub fn normalise_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
     args.into_iter()
         .enumerate()

@@ -152,7 +152,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         node_topology,
         ..defaults
     };
-    tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, "starting CSI driver");
+    tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, ceph_client = %ceph_rbd::key::client_version(), "starting CSI driver");
     rbd_csi::serve(config, crate::run::shutdown_signal()).await?;
     Ok(())
 }

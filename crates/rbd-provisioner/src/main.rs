@@ -1,6 +1,5 @@
 //! `rbd-provisioner`: Ceph RBD dynamic provisioning and CSI driver for Kubernetes.
 
-use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use rbd_provisioner::cli::{self, Cli, Command, LogArgs, LogFormat};
@@ -22,7 +21,7 @@ fn init_logging(log: &LogArgs) {
 }
 
 fn main() {
-    let cli = Cli::parse_from(cli::normalise_args(std::env::args()));
+    let cli: Cli = cli::parse(cli::normalise_args(std::env::args()));
     init_logging(&cli.log);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

@@ -104,7 +104,7 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         .with_companion(snapshotter)
         .with_claim_observer(claims_seen)
         .with_companion(protection);
-    tracing::info!(provisioner = %args.provisioner_name, identity = %identity, "starting");
+    tracing::info!(provisioner = %args.provisioner_name, identity = %identity, ceph_client = %ceph_rbd::key::client_version(), "starting");
     let result = if args.leader_elect {
         let mut le = LeaderElectionConfig::new(
             &args.provisioner_name,

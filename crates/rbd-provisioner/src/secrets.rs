@@ -26,6 +26,13 @@ pub enum SecretError {
         /// Entry names only, never values.
         entries: Vec<String>,
     },
+    #[error("secret {namespace}/{name}: {reason}")]
+    UnusableKey {
+        namespace: String,
+        name: String,
+        /// Why this client cannot use the key (its type, or how it is malformed), never the key.
+        reason: String,
+    },
     #[error("reading secret {namespace}/{name}: {source}")]
     Api {
         namespace: String,
@@ -55,7 +62,14 @@ pub async fn read_key(
         }
     };
     match key_from(&secret) {
-        Found::Key(key) => Ok(key),
+        Found::Key(key) => match ceph_rbd::key::check_usable(key.expose()) {
+            Ok(_) => Ok(key),
+            Err(reason) => Err(SecretError::UnusableKey {
+                namespace,
+                name,
+                reason,
+            }),
+        },
         Found::None => Err(SecretError::NoKey { namespace, name }),
         Found::Ambiguous(entries) => Err(SecretError::Ambiguous {
             namespace,
@@ -74,14 +88,10 @@ pub enum Found {
     Ambiguous(Vec<String>),
 }
 
-/// Whether `value` has the shape of a cephx key: base64 of 28 bytes (a 12-byte header and a
-/// 16-byte AES key), as `ceph auth get-key` prints it.
+/// Whether `value` has the shape of a cephx key (`aes` or `aes256k`), as `ceph auth get-key`
+/// prints it: base64 of a 12-byte header and the secret its header announces.
 fn looks_like_cephx_key(value: &str) -> bool {
-    value.len() == 40
-        && value.ends_with('=')
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
+    ceph_rbd::key::key_type(value).is_ok()
 }
 
 /// The key in a secret's `data` (or `stringData`): the first of [`KEY_FIELDS`] that is

@@ -129,6 +129,16 @@ async fn invalid_parameters_and_secrets_are_reported_as_provisioning_failed() {
     let _p = h.spawn_default();
     h.create_secret("kube-system", "no-key", &[("password", "x")])
         .await;
+    // Ceph 20.2's default key type (cipher 2, 32-byte secret): a Pacific client cannot parse it
+    h.create_secret(
+        "kube-system",
+        "aes256k-key",
+        &[(
+            "key",
+            "AgBgxqZmAAAAACAACzBVep/E6Q4zWH2ix+wRNluApcrvFDleg6jN8hc8YYY=",
+        )],
+    )
+    .await;
     let with = |key: &str, value: &str| {
         let mut p: Vec<(String, String)> =
             h.params().into_iter().filter(|(k, _)| k != key).collect();
@@ -173,6 +183,15 @@ async fn invalid_parameters_and_secrets_are_reported_as_provisioning_failed() {
             "keyless-secret",
             with("adminSecretName", "no-key"),
             "secret kube-system/no-key has no non-empty \"key\"",
+        ),
+        (
+            "aes256k-key",
+            with("adminSecretName", "aes256k-key"),
+            if ceph_rbd::key::client_version().starts_with("16.") {
+                "secret kube-system/aes256k-key: the key is of type aes256k, which this Ceph client"
+            } else {
+                "permission denied"
+            },
         ),
         (
             "bad-monitor",

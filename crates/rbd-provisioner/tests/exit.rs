@@ -213,3 +213,27 @@ fn fatal_startup_errors_exit_with_status_1() {
         assert!(stderr.contains("rbd-provisioner: "), "{what}: {stderr}");
     }
 }
+
+#[test]
+fn version_names_the_linked_ceph_client() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let expected = format!(
+        "rbd-provisioner {} (Ceph client {})",
+        env!("CARGO_PKG_VERSION"),
+        ceph_rbd::key::client_version()
+    );
+    assert_eq!(stdout.trim(), expected);
+    // the release itself, not a library API version
+    assert!(
+        ceph_rbd::key::client_version()
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_digit()),
+        "{stdout}"
+    );
+}
