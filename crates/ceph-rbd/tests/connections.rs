@@ -101,6 +101,34 @@ async fn a_key_of_a_type_this_client_cannot_read_is_named_by_its_type() {
     assert!(!format!("{e:?} {text}").contains(&key), "key leaked: {e:?}");
 }
 
+/// The test cluster's own admin key: on a cluster whose release makes keys this client cannot
+/// read (Tentacle's aes256k default, for a client before 19.2.6) the refusal names the key type;
+/// otherwise it connects. Run against Tentacle with its defaults by scripts/test.sh.
+#[tokio::test]
+async fn the_clusters_own_admin_key_connects_or_is_refused_by_its_type() {
+    let c = micro_ceph::cluster();
+    let cfg = ClusterConfig::new(
+        c.monitors.clone(),
+        "admin",
+        Secret::new(c.admin_key.clone()),
+    )
+    .with_connect_timeout(Duration::from_secs(10));
+    let result = ConnectionPool::default().get(&cfg).await;
+    match ceph_rbd::key::check_usable(&c.admin_key) {
+        Ok(kind) => {
+            let connected = result.map(|_| ());
+            assert_eq!(connected, Ok(()), "a {kind} key");
+        }
+        Err(reason) => {
+            let e = result.expect_err("a key this client cannot use connected");
+            let text = e.to_string();
+            assert!(text.contains(&reason), "{text}");
+            assert!(!text.contains(&c.admin_key), "key leaked: {text}");
+            eprintln!("refused as expected: {text}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_malformed_key_is_named_malformed() {
     let c = micro_ceph::cluster();
