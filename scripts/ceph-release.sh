@@ -27,11 +27,13 @@ if [ -f "$ROOT/.complete" ]; then
 fi
 command -v debootstrap >/dev/null || { echo "ceph-release.sh: debootstrap missing (scripts/install-deps.sh installs it)" >&2; exit 1; }
 mkdir -p "$CACHE"
-rm -rf "$ROOT" "$ROOT.partial"
 PARTIAL=$ROOT.partial
-# a failed run leaves nothing mounted and only the .partial folder, removed by the next run
-cleanup() { mountpoint -q "$PARTIAL/proc" && umount "$PARTIAL/proc"; true; }
+# a failed or killed run leaves nothing mounted and only the .partial folder, removed by the next
+cleanup() { if mountpoint -q "$PARTIAL/proc"; then umount -l "$PARTIAL/proc"; fi; }
+cleanup
+rm -rf --one-file-system "$ROOT" "$PARTIAL"
 trap cleanup EXIT
+trap 'exit 1' INT TERM
 echo "ceph-release.sh: building $RELEASE ($SUITE) in $ROOT" >&2
 debootstrap --variant=minbase "$SUITE" "$PARTIAL" "$MIRROR" >"$CACHE/ceph-$RELEASE.log" 2>&1 || {
   tail -20 "$CACHE/ceph-$RELEASE.log" >&2; exit 1; }
