@@ -182,14 +182,45 @@ async fn prepare_filesystem(device: &Path, wanted: FsType) -> Result<FsType, Sta
     }
 }
 
+/// Creates the (empty) file a block volume's device is bound onto; a symlink there is refused,
+/// never followed.
 fn touch(file: &Path) -> Result<(), Status> {
+    use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(file)
         .map(drop)
         .map_err(|e| internal(&format!("creating {}", file.display()), &e))
+}
+
+/// Unbinds the device from a block volume's `<staging>/device` and removes that file, without
+/// following a symlink (`lstat`, `UMOUNT_NOFOLLOW`). Only what stage creates there, an empty
+/// regular file (with the device bound on it), is removed; anything else is left in place.
+fn release_block_file(file: &Path) -> Result<(), Status> {
+    let meta = match std::fs::symlink_metadata(file) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(internal(&format!("examining {}", file.display()), &e)),
+    };
+    if meta.file_type().is_symlink() {
+        tracing::warn!(file = %file.display(), "block device file is a symlink; leaving it alone");
+        return Ok(());
+    }
+    mount::unmount_all(file).map_err(|e| internal("unmounting the block device", &e))?;
+    match std::fs::symlink_metadata(file) {
+        Ok(meta) if meta.file_type().is_file() && meta.len() == 0 => {
+            std::fs::remove_file(file).map_err(|e| internal("removing the block device file", &e))
+        }
+        Ok(_) => {
+            tracing::warn!(file = %file.display(), "not the empty file stage creates; leaving it alone");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(internal(&format!("examining {}", file.display()), &e)),
+    }
 }
 
 pub(super) async fn unstage(
@@ -212,11 +243,12 @@ pub(super) async fn unstage(
                 existing.volume_id
             )));
         }
-        let block_file = path.join(BLOCK_DEVICE_FILE);
-        mount::unmount_all(&block_file).map_err(|e| internal("unmounting the block device", &e))?;
-        if block_file.exists() {
-            std::fs::remove_file(&block_file)
-                .map_err(|e| internal("removing the block device file", &e))?;
+        // Only a block volume has a file of ours at `<staging>/device`. For a filesystem volume
+        // `<staging>` is the root of the tenant's filesystem, and whatever is called `device`
+        // there is the tenant's (a file, a directory, a symlink to a host path): never touched.
+        // Without a record nothing of ours was bound there either.
+        if existing.as_ref().is_some_and(|r| r.block) {
+            release_block_file(&path.join(BLOCK_DEVICE_FILE))?;
         }
         mount::unmount_all(&path).map_err(|e| internal("unmounting the staging path", &e))?;
         Ok(existing)
