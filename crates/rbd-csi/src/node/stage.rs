@@ -21,7 +21,7 @@ use tonic::Status;
 use super::record::{self, BLOCK_DEVICE_FILE, StagingRecord};
 use super::request::{self, Access};
 use super::{NodeService, blocking};
-use crate::fs::{self, FsType};
+use crate::fs::{self, Contents, FsType};
 use crate::mapper::MappedDevice;
 use crate::mount;
 use crate::proto::csi;
@@ -154,15 +154,22 @@ async fn expose(access: &Access, mapped: &MappedDevice, staging: &Path) -> Resul
     }
 }
 
-/// Creates the filesystem on a blank device; returns the filesystem to mount.
+/// Creates the filesystem on a provably blank device; returns the filesystem to mount. A device
+/// holding anything else (a partition table, unrecognised data, a filesystem this driver does not
+/// mount) is `FAILED_PRECONDITION` and left untouched.
 async fn prepare_filesystem(device: &Path, wanted: FsType) -> Result<FsType, Status> {
     match fs::probe(device).await? {
-        None => {
+        Contents::Blank => {
             tracing::info!(device = %device.display(), fs = wanted.name(), "blank device: creating filesystem");
             fs::mkfs(device, wanted).await?;
             Ok(wanted)
         }
-        Some(found) => {
+        Contents::Other(what) => Err(Status::failed_precondition(format!(
+            "{} holds {what}; it is not blank, so no filesystem is created on it (wipe it \
+             with wipefs if its contents are not needed)",
+            device.display()
+        ))),
+        Contents::Filesystem(found) => {
             let existing = FsType::parse(&found).map_err(|_| {
                 Status::failed_precondition(format!(
                     "{} holds a {found} filesystem or other data, which this driver does not mount",
