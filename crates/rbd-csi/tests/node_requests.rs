@@ -350,7 +350,8 @@ async fn concurrent_calls_on_one_volume_are_aborted_other_volumes_proceed() {
             entered: Arc::clone(&entered),
             release: Arc::clone(&release),
         })],
-    );
+    )
+    .with_cluster_check(Arc::new(common::NoCluster));
     let listener = bind_unix(&socket).unwrap();
     let server = tokio::spawn(
         tonic::transport::Server::builder()

@@ -10,6 +10,7 @@
 //! programs through `tokio::process`, never on the async worker threads: a stuck mount stalls
 //! only the call that touches it, not every other call of the plugin.
 
+pub mod access;
 mod publish;
 pub mod record;
 pub mod request;
@@ -56,6 +57,10 @@ pub struct NodeService {
     config: NodeConfig,
     mappers: HashMap<MounterKind, Arc<dyn Mapper>>,
     locks: VolumeLocks,
+    cluster: Arc<dyn access::ClusterCheck>,
+    /// This node's IP addresses, when fixed (tests standing in for another host); `None`: the
+    /// host's, read when needed.
+    local_addresses: Option<Arc<std::collections::HashSet<std::net::IpAddr>>>,
 }
 
 impl std::fmt::Debug for NodeService {
@@ -89,7 +94,28 @@ impl NodeService {
             config,
             mappers: mappers.into_iter().map(|m| (m.kind(), m)).collect(),
             locks: VolumeLocks::new(),
+            cluster: Arc::new(access::CephCheck),
+            local_addresses: None,
         }
+    }
+
+    /// Fixes the addresses this node's own Ceph clients watch images from (the default: the
+    /// host's). Tests use it to run two "nodes" on one host.
+    #[must_use]
+    pub fn with_local_addresses(
+        mut self,
+        addresses: std::collections::HashSet<std::net::IpAddr>,
+    ) -> Self {
+        self.local_addresses = Some(Arc::new(addresses));
+        self
+    }
+
+    /// Replaces the check stage makes with the caller's key before mapping (tests without a
+    /// cluster; the default asks Ceph, [`access::CephCheck`]).
+    #[must_use]
+    pub fn with_cluster_check(mut self, check: Arc<dyn access::ClusterCheck>) -> Self {
+        self.cluster = check;
+        self
     }
 
     fn mapper(&self, kind: MounterKind) -> Result<&Arc<dyn Mapper>, Status> {
