@@ -421,6 +421,23 @@ mod tests {
     }
 
     #[test]
+    fn a_mapping_of_an_unknown_or_other_cluster_is_not_of_a_known_one() {
+        let mapping = |fsid: Option<&str>| Mapping {
+            device: "/dev/rbd0".into(),
+            pool: "p".into(),
+            namespace: String::new(),
+            image: "i".into(),
+            snap: "-".into(),
+            cluster_fsid: fsid.map(str::to_owned),
+        };
+        assert!(mapping(Some("a")).in_cluster(Some("a")));
+        assert!(!mapping(Some("b")).in_cluster(Some("a")));
+        assert!(!mapping(None).in_cluster(Some("a")));
+        assert!(mapping(None).in_cluster(None));
+        assert!(mapping(Some("b")).in_cluster(None));
+    }
+
+    #[test]
     fn key_debug_is_redacted() {
         let key = Key::new("AQBsecret==");
         assert!(!format!("{key:?}").contains("AQB"));
