@@ -962,6 +962,14 @@ impl Cluster {
     }
 
     /// Raw capacity of the cluster.
+    /// The cluster's fsid, as `ceph fsid` prints it (and krbd's sysfs `cluster_fsid` shows it).
+    pub async fn fsid(&self) -> Result<String, Error> {
+        self.run("read cluster fsid", self.monitors.clone(), |rados| {
+            rados.fsid()
+        })
+        .await
+    }
+
     pub async fn cluster_stats(&self) -> Result<crate::ClusterStats, Error> {
         self.run("cluster stats", self.monitors.clone(), |rados| {
             rados.cluster_stats()

@@ -227,6 +227,17 @@ impl Rados {
         Ok(io)
     }
 
+    /// The cluster's fsid (from the monmap of the connected handle).
+    pub(crate) fn fsid(&self) -> Result<String, Error> {
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: connected handle; `buf` is writable for its whole length, which is passed.
+        let rc = unsafe { ffi::rados_cluster_fsid(self.handle, buf.as_mut_ptr(), buf.len()) };
+        check(rc, "read cluster fsid", &self.target)?;
+        // SAFETY: librados NUL-terminates the fsid within the buffer on success.
+        let fsid = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        Ok(fsid.to_string_lossy().into_owned())
+    }
+
     pub(crate) fn cluster_stats(&self) -> Result<ClusterStats, Error> {
         let mut st = ffi::rados_cluster_stat_t {
             kb: 0,

@@ -74,20 +74,105 @@ pub enum FsError {
     OnlineGrowRefused { device: String, detail: String },
 }
 
-/// The filesystem type found on `device` by a low-level probe (`blkid -p`), `None` when blank.
+/// What a device holds, as far as the node service may act on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Contents {
+    /// Provably blank: no signature `blkid -p` knows and the first [`BLANK_CHECK_BYTES`] all
+    /// zero. The only state in which a filesystem is created.
+    Blank,
+    /// A filesystem (or other `TYPE` blkid names: `crypto_LUKS`, `LVM2_member`, `swap`, ...).
+    Filesystem(String),
+    /// Something else: a partition table, or data blkid does not recognise. Never formatted.
+    Other(String),
+}
+
+/// How much of the start of a device must be zero for it to count as blank.
+pub const BLANK_CHECK_BYTES: usize = 1 << 20;
+
+/// Probes `device` as Kubernetes' mount-utils does (`blkid -p`, low-level superblock and
+/// partition-table probing, no cache), but with every tag rather than `TYPE` and `PTTYPE` only,
+/// and treats only "nothing found" (exit code 2) with an all-zero first MiB as blank: a partition
+/// table alone, an ambivalent probe or unrecognised data is [`Contents::Other`].
 ///
 /// # Errors
-/// When `blkid` fails other than with "nothing found" (exit code 2).
-pub async fn probe(device: &Path) -> Result<Option<String>, FsError> {
+/// When `blkid` fails other than with "nothing found", or the device cannot be read.
+pub async fn probe(device: &Path) -> Result<Contents, FsError> {
     let dev = device.to_string_lossy();
-    match exec::run("blkid", &["-p", "-s", "TYPE", "-o", "value", &dev]).await {
-        Ok(out) => {
-            let fs = out.stdout.trim();
-            Ok((!fs.is_empty()).then(|| fs.to_owned()))
+    match exec::run("blkid", &["-p", "-o", "export", &dev]).await {
+        Ok(out) => Ok(classify_blkid_export(&out.stdout)),
+        Err(e) if e.exit_code() == Some(2) => {
+            let path = device.to_path_buf();
+            let zero = tokio::task::spawn_blocking(move || starts_with_zeros(&path))
+                .await
+                .map_err(|e| FsError::Io {
+                    what: "reading",
+                    path: dev.to_string(),
+                    source: io::Error::other(e),
+                })?
+                .map_err(|source| FsError::Io {
+                    what: "reading",
+                    path: dev.to_string(),
+                    source,
+                })?;
+            Ok(if zero {
+                Contents::Blank
+            } else {
+                Contents::Other(format!(
+                    "data blkid does not recognise (the first {} KiB are not all zero)",
+                    BLANK_CHECK_BYTES >> 10
+                ))
+            })
         }
-        Err(e) if e.exit_code() == Some(2) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Classifies `blkid -p -o export` output (pure): a partition table wins over a filesystem
+/// type (as in mount-utils: a whole-disk `TYPE` next to a `PTTYPE` is not mounted either).
+#[must_use]
+pub fn classify_blkid_export(output: &str) -> Contents {
+    let tag = |name: &str| {
+        output.lines().find_map(|line| {
+            line.split_once('=')
+                .filter(|(k, v)| k.trim() == name && !v.trim().is_empty())
+                .map(|(_, v)| v.trim().to_owned())
+        })
+    };
+    match (tag("PTTYPE"), tag("TYPE")) {
+        (Some(pt), _) => Contents::Other(format!("a {pt} partition table")),
+        (None, Some(fs)) => Contents::Filesystem(fs),
+        (None, None) => {
+            let tags: Vec<&str> = output
+                .lines()
+                .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim()))
+                .filter(|k| *k != "DEVNAME")
+                .collect();
+            Contents::Other(format!(
+                "a signature blkid reports without a type ({})",
+                tags.join(", ")
+            ))
+        }
+    }
+}
+
+/// Whether the first [`BLANK_CHECK_BYTES`] of `device` (or all of it, when smaller) are zero.
+fn starts_with_zeros(device: &Path) -> io::Result<bool> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(device)?;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut left = BLANK_CHECK_BYTES;
+    while left > 0 {
+        let want = left.min(buf.len());
+        let n = file.read(&mut buf[..want])?;
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().any(|b| *b != 0) {
+            return Ok(false);
+        }
+        left -= n;
+    }
+    Ok(true)
 }
 
 /// Creates a filesystem on `device`.
@@ -236,6 +321,42 @@ mod tests {
                 .contains(&"-Enodiscard,lazy_itable_init=1,lazy_journal_init=1")
         );
         assert!(FsType::Xfs.mkfs_args().contains(&"-K"));
+    }
+
+    #[test]
+    fn a_partition_table_is_never_blank_nor_a_filesystem() {
+        assert_eq!(
+            classify_blkid_export("DEVNAME=/dev/loop1\nPTUUID=12345678\nPTTYPE=dos\n"),
+            Contents::Other("a dos partition table".into())
+        );
+        assert_eq!(
+            classify_blkid_export("DEVNAME=/dev/rbd0\nPTTYPE=gpt\nTYPE=vfat\n"),
+            Contents::Other("a gpt partition table".into())
+        );
+        assert_eq!(
+            classify_blkid_export("DEVNAME=/dev/rbd0\nUUID=x\nBLOCK_SIZE=4096\nTYPE=ext4\n"),
+            Contents::Filesystem("ext4".into())
+        );
+        assert!(matches!(
+            classify_blkid_export("DEVNAME=/dev/rbd0\nUSAGE=other\n"),
+            Contents::Other(_)
+        ));
+    }
+
+    #[test]
+    fn only_zeros_count_as_blank() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("img");
+        std::fs::write(&file, vec![0u8; 3 << 20]).unwrap();
+        assert!(starts_with_zeros(&file).unwrap());
+        let mut bytes = vec![0u8; 3 << 20];
+        bytes[BLANK_CHECK_BYTES - 1] = 1;
+        std::fs::write(&file, &bytes).unwrap();
+        assert!(!starts_with_zeros(&file).unwrap());
+        bytes[BLANK_CHECK_BYTES - 1] = 0;
+        bytes[BLANK_CHECK_BYTES] = 1;
+        std::fs::write(&file, &bytes).unwrap();
+        assert!(starts_with_zeros(&file).unwrap());
     }
 
     #[test]

@@ -108,10 +108,19 @@ pub fn is_mount_point(path: &Path) -> io::Result<bool> {
     Ok(mount_at(path)?.is_some())
 }
 
-/// `path` with symlinks resolved, as the kernel's mount table shows mount points (kubelet
-/// directories are often reached through a symlink); unchanged when it does not exist.
+/// `path` as the kernel's mount table shows mount points: symlinks in its *parent* resolved
+/// (kubelet directories are often reached through a symlink), its last component never followed.
+/// A symlink at `path` is therefore not "a mount point" even when it points at one: the node
+/// service looks at paths inside tenant filesystems, and a tenant's symlink must not redirect it
+/// to a host path. Unchanged when the parent does not exist.
 fn normalize(path: &Path) -> PathBuf {
-    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => {
+            std::fs::canonicalize(parent)
+                .map_or_else(|_| path.to_path_buf(), |parent| parent.join(name))
+        }
+        _ => path.to_path_buf(),
+    }
 }
 
 fn cstring(path: &Path) -> io::Result<CString> {
@@ -206,14 +215,15 @@ pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> io::Result<(
     Ok(())
 }
 
-/// Unmounts `target`; `Ok(false)` when nothing was mounted there.
+/// Unmounts `target`; `Ok(false)` when nothing was mounted there. A symlink at `target` is never
+/// followed (`UMOUNT_NOFOLLOW`): it counts as "nothing mounted".
 ///
 /// # Errors
 /// The `umount2(2)` error other than "not mounted" / "does not exist".
 pub fn unmount(target: &Path) -> io::Result<bool> {
     let path = cstring(target)?;
     // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
-    let rc = unsafe { libc::umount2(path.as_ptr(), 0) };
+    let rc = unsafe { libc::umount2(path.as_ptr(), libc::UMOUNT_NOFOLLOW) };
     if rc == 0 {
         return Ok(true);
     }
@@ -231,7 +241,7 @@ pub fn unmount(target: &Path) -> io::Result<bool> {
 pub fn unmount_detach(target: &Path) -> io::Result<()> {
     let path = cstring(target)?;
     // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
-    let rc = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    let rc = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
     if rc == 0 {
         return Ok(());
     }
@@ -242,7 +252,8 @@ pub fn unmount_detach(target: &Path) -> io::Result<()> {
     }
 }
 
-/// Unmounts everything stacked at `target` (a mount point can hold several mounts).
+/// Unmounts everything stacked at `target` (a mount point can hold several mounts). Neither the
+/// mount-table lookup nor `umount2(2)` follows a symlink at `target`.
 ///
 /// # Errors
 /// The first `umount2(2)` error other than "not mounted".
@@ -281,6 +292,17 @@ mod tests {
         assert!(!table[1].read_only());
         assert_eq!(table[3].root, "/loop3");
         assert_eq!(table[4].fs_type, "fuse.rbd-fuse");
+    }
+
+    #[test]
+    fn a_symlink_to_a_mount_point_is_not_a_mount_point() {
+        let tmp = tempfile::tempdir().unwrap();
+        let link = tmp.path().join("device");
+        std::os::unix::fs::symlink("/proc", &link).unwrap();
+        assert!(is_mount_point(Path::new("/proc")).unwrap());
+        assert!(!is_mount_point(&link).unwrap());
+        // Not followed by umount2 either: nothing is mounted at the link itself.
+        assert!(!unmount(&link).unwrap_or(true));
     }
 
     #[test]

@@ -35,6 +35,7 @@ impl From<MapError> for Status {
         match &e {
             MapError::ImageNotFound { .. } => Status::not_found(e.to_string()),
             MapError::Timeout(_) => Status::deadline_exceeded(e.to_string()),
+            MapError::ReadOnlyUnsupported(_) => Status::invalid_argument(e.to_string()),
             _ => Status::internal(e.to_string()),
         }
     }

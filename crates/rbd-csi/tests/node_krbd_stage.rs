@@ -65,6 +65,7 @@ esac
         },
         vec![krbd],
     )
+    .with_cluster_check(Arc::new(common::NoCluster))
 }
 
 /// The fake `/`: under /dev/shm, because `rbd map` must print a `/dev/...` path.

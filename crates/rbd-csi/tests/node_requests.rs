@@ -350,7 +350,8 @@ async fn concurrent_calls_on_one_volume_are_aborted_other_volumes_proceed() {
             entered: Arc::clone(&entered),
             release: Arc::clone(&release),
         })],
-    );
+    )
+    .with_cluster_check(Arc::new(common::NoCluster));
     let listener = bind_unix(&socket).unwrap();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
@@ -437,4 +438,39 @@ async fn invalid_configuration_is_refused_before_binding() {
     assert!(matches!(err, rbd_csi::CsiError::Config(_)), "{err}");
     assert!(err.to_string().contains("rbd_csi"));
     assert!(!socket.exists());
+}
+
+#[test]
+fn key_files_a_killed_plugin_left_are_swept_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let keys = run.join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    // A killed process's transient key file, and one of a map this process has in flight.
+    let leftover = keys.join("krbd-4194304-0");
+    let in_flight = keys.join(format!("nbd-{}-3", std::process::id()));
+    std::fs::write(&leftover, "AQBsecret==").unwrap();
+    std::fs::write(&in_flight, "AQBsecret==").unwrap();
+    // An rbd-fuse instance that is gone (its mount point is no mount), and its files.
+    let instance = run.join("fuse/0123456789abcdef");
+    std::fs::create_dir_all(instance.join("mnt")).unwrap();
+    for name in ["keyring", "ceph.conf", "rbd-fuse.log"] {
+        std::fs::write(instance.join(name), "[client.admin]\n\tkey = AQBsecret==\n").unwrap();
+    }
+
+    let _node = NodeService::new(NodeConfig {
+        node_id: "n".into(),
+        default_mounter: MounterKind::FuseLoop,
+        runtime_dir: run.clone(),
+        krbd_map_options: None,
+        max_volumes_per_node: 0,
+        cluster_config: None,
+        topology: Default::default(),
+    });
+    assert!(!leftover.exists(), "a leftover key file survived startup");
+    assert!(in_flight.exists(), "a key file of this process was removed");
+    assert!(
+        !instance.exists(),
+        "a gone rbd-fuse instance's keyring survived startup"
+    );
 }

@@ -34,8 +34,8 @@ use tokio::sync::{Mutex, oneshot};
 use super::loop_device::{backing_file, loop_device_for, loop_devices_under, wait_detached};
 use super::secret_file::{private_dir, write_private};
 use super::{
-    ImageSpec, Key, MapError, MappedDevice, Mapper, MounterKind, blocking, parse_device_output,
-    redact,
+    ImageSpec, Key, MapError, MapOptions, MappedDevice, Mapper, MounterKind, blocking,
+    parse_device_output, redact,
 };
 use crate::{exec, mount};
 
@@ -238,6 +238,17 @@ impl Mapper for FuseLoopMapper {
     }
 
     async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError> {
+        self.map_with(image, key, &MapOptions::default()).await
+    }
+
+    /// A read-only mapping is a read-only loop device (`losetup -r`): rbd-fuse itself has no
+    /// read-only mode. The instance is per monitors, so the cluster needs no further check.
+    async fn map_with(
+        &self,
+        image: &ImageSpec,
+        key: &Key,
+        options: &MapOptions,
+    ) -> Result<MappedDevice, MapError> {
         let dir = self.instance_dir(image);
         let slot = self.instance(&dir);
         let mut instance = slot.lock().await;
@@ -267,7 +278,12 @@ impl Mapper for FuseLoopMapper {
             });
         }
         let file = attachment.image_file.to_string_lossy().into_owned();
-        match exec::run("losetup", &["-f", "--show", &file]).await {
+        let args: &[&str] = if options.read_only {
+            &["-r", "-f", "--show", &file]
+        } else {
+            &["-f", "--show", &file]
+        };
+        match exec::run("losetup", args).await {
             Ok(out) => Ok(MappedDevice {
                 mounter: MounterKind::FuseLoop,
                 device: parse_device_output("losetup", &out.stdout)?,

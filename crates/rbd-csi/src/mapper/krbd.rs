@@ -13,7 +13,9 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::{ImageSpec, Key, MapError, MappedDevice, Mapper, Mapping, MounterKind, blocking};
+use super::{
+    ImageSpec, Key, MapError, MapOptions, MappedDevice, Mapper, Mapping, MounterKind, blocking,
+};
 
 /// `rbd map` / `rbd unmap`.
 #[derive(Debug, Clone)]
@@ -41,7 +43,7 @@ impl KrbdMapper {
 }
 
 /// The images krbd has mapped, read from `<root>/sys/bus/rbd/devices/<id>/` (`pool`, `pool_ns`,
-/// `name`, `current_snap`), each as device `<root>/dev/rbd<id>`. No rbd module loaded (no
+/// `name`, `current_snap`, `cluster_fsid`), each as device `<root>/dev/rbd<id>`. No rbd module loaded (no
 /// `devices` directory) means nothing is mapped; a device that disappears while being read is
 /// skipped.
 ///
@@ -82,6 +84,7 @@ pub fn mappings(root: &Path) -> io::Result<Vec<Mapping>> {
             namespace: attribute(&dir, "pool_ns")?.unwrap_or_default(),
             image,
             snap: attribute(&dir, "current_snap")?.unwrap_or_default(),
+            cluster_fsid: attribute(&dir, "cluster_fsid")?,
         });
     }
     found.sort_by(|a, b| a.device.cmp(&b.device));
@@ -139,8 +142,20 @@ impl Mapper for KrbdMapper {
     }
 
     async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError> {
-        let options = self.map_options.as_deref();
-        let existing = self.current_mappings().await?;
+        self.map_with(image, key, &MapOptions::default()).await
+    }
+
+    /// Reuses only a mapping of the same cluster (`cluster_fsid`); `--read-only` when asked.
+    async fn map_with(
+        &self,
+        image: &ImageSpec,
+        key: &Key,
+        options: &MapOptions,
+    ) -> Result<MappedDevice, MapError> {
+        let map_options = self.map_options.as_deref();
+        let fsid = options.cluster_fsid.as_deref();
+        let mut existing = self.current_mappings().await?;
+        existing.retain(|m| m.in_cluster(fsid));
         super::cli::map(
             &self.program,
             "rbd",
@@ -149,13 +164,30 @@ impl Mapper for KrbdMapper {
             key,
             image,
             &existing,
-            |keyfile| map_args(image, keyfile, options),
+            |keyfile| {
+                let mut args = map_args(image, keyfile, map_options);
+                if options.read_only {
+                    args.push("--read-only".to_owned());
+                }
+                args
+            },
         )
         .await
     }
 
     async fn unmap(&self, mapped: &MappedDevice, image: &ImageSpec) -> Result<(), MapError> {
-        let current = self.current_mappings().await?;
+        self.unmap_with(mapped, image, &MapOptions::default()).await
+    }
+
+    async fn unmap_with(
+        &self,
+        mapped: &MappedDevice,
+        image: &ImageSpec,
+        options: &MapOptions,
+    ) -> Result<(), MapError> {
+        let fsid = options.cluster_fsid.as_deref();
+        let mut current = self.current_mappings().await?;
+        current.retain(|m| m.in_cluster(fsid));
         super::cli::unmap(&self.program, mapped, image, &current).await
     }
 }

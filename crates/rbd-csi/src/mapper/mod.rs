@@ -167,6 +167,9 @@ pub enum MapError {
         program: &'static str,
         output: String,
     },
+    /// The mapper cannot map read-only.
+    #[error("the {0} mapper cannot map an image read-only")]
+    ReadOnlyUnsupported(MounterKind),
     /// The mapping record belongs to another mapper.
     #[error("device {device} was mapped by {recorded}, not {expected}")]
     WrongMapper {
@@ -186,6 +189,18 @@ impl MapError {
     }
 }
 
+/// How [`Mapper::map_with`] maps an image (and [`Mapper::unmap_with`] finds it again).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MapOptions {
+    /// A read-only mapping (krbd and rbd-nbd `--read-only`, a read-only loop device): nothing on
+    /// this node can write to the image through it.
+    pub read_only: bool,
+    /// The fsid of the cluster holding the image (as the node read it with the caller's key). An
+    /// existing mapping is reused, or unmapped, only if it belongs to that cluster where the
+    /// mapper can tell (krbd: sysfs `cluster_fsid`).
+    pub cluster_fsid: Option<String>,
+}
+
 /// Maps images to local block devices.
 #[async_trait::async_trait]
 pub trait Mapper: Send + Sync {
@@ -199,6 +214,30 @@ pub trait Mapper: Send + Sync {
     /// Unmaps a device [`Mapper::map`] returned for `image`. Unmapping an already unmapped device
     /// is `Ok`; a device that now maps another image (the same path after a reboot) is left alone.
     async fn unmap(&self, mapped: &MappedDevice, image: &ImageSpec) -> Result<(), MapError>;
+
+    /// [`Mapper::map`] with options. The default supports no read-only mapping.
+    async fn map_with(
+        &self,
+        image: &ImageSpec,
+        key: &Key,
+        options: &MapOptions,
+    ) -> Result<MappedDevice, MapError> {
+        if options.read_only {
+            return Err(MapError::ReadOnlyUnsupported(self.kind()));
+        }
+        self.map(image, key).await
+    }
+
+    /// [`Mapper::unmap`] of a device [`Mapper::map_with`] returned with `options`.
+    async fn unmap_with(
+        &self,
+        mapped: &MappedDevice,
+        image: &ImageSpec,
+        options: &MapOptions,
+    ) -> Result<(), MapError> {
+        let _ = options;
+        self.unmap(mapped, image).await
+    }
 
     /// Makes the block device show the image's new size after a resize to `new_size` bytes.
     /// Kernel mappers see resizes by themselves; the default does nothing.
@@ -218,6 +257,8 @@ pub struct Mapping {
     pub image: String,
     /// Snapshot; empty or `-` for the image itself.
     pub snap: String,
+    /// The fsid of the cluster the image is in, where the mapper can tell (krbd).
+    pub cluster_fsid: Option<String>,
 }
 
 impl Mapping {
@@ -230,6 +271,15 @@ impl Mapping {
             && self.image == image.image
             && self.namespace == image.namespace
             && matches!(self.snap.as_str(), "" | "-")
+    }
+}
+
+impl Mapping {
+    /// Whether this mapping may belong to the cluster with `fsid`: no fsid asked for, or the
+    /// mapping's is that one. A mapping whose cluster is unknown does not match a known fsid.
+    #[must_use]
+    pub fn in_cluster(&self, fsid: Option<&str>) -> bool {
+        fsid.is_none_or(|fsid| self.cluster_fsid.as_deref() == Some(fsid))
     }
 }
 
@@ -368,6 +418,23 @@ mod tests {
         let clean = redact(text, &key);
         assert!(!clean.contains("AQBsecret"), "{clean}");
         assert!(clean.contains("Malformed"));
+    }
+
+    #[test]
+    fn a_mapping_of_an_unknown_or_other_cluster_is_not_of_a_known_one() {
+        let mapping = |fsid: Option<&str>| Mapping {
+            device: "/dev/rbd0".into(),
+            pool: "p".into(),
+            namespace: String::new(),
+            image: "i".into(),
+            snap: "-".into(),
+            cluster_fsid: fsid.map(str::to_owned),
+        };
+        assert!(mapping(Some("a")).in_cluster(Some("a")));
+        assert!(!mapping(Some("b")).in_cluster(Some("a")));
+        assert!(!mapping(None).in_cluster(Some("a")));
+        assert!(mapping(None).in_cluster(None));
+        assert!(mapping(Some("b")).in_cluster(None));
     }
 
     #[test]

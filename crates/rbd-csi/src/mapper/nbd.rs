@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{ImageSpec, Key, MapError, MappedDevice, Mapper, Mapping, MounterKind};
+use super::{ImageSpec, Key, MapError, MapOptions, MappedDevice, Mapper, Mapping, MounterKind};
 use crate::exec;
 
 /// `rbd-nbd map` / `rbd-nbd unmap`.
@@ -98,6 +98,7 @@ pub fn parse_list_mapped(stdout: &str) -> Result<Vec<Mapping>, MapError> {
             namespace: d.namespace,
             image: d.image,
             snap: d.snap,
+            cluster_fsid: None,
         })
         .collect())
 }
@@ -109,6 +110,17 @@ impl Mapper for NbdMapper {
     }
 
     async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError> {
+        self.map_with(image, key, &MapOptions::default()).await
+    }
+
+    /// `--read-only` when asked. `rbd-nbd list-mapped` does not say which cluster a device maps
+    /// from, so the cluster is not checked here (the node authenticates the key first).
+    async fn map_with(
+        &self,
+        image: &ImageSpec,
+        key: &Key,
+        options: &MapOptions,
+    ) -> Result<MappedDevice, MapError> {
         let existing = self.current_mappings().await?;
         super::cli::map(
             &self.program,
@@ -118,7 +130,13 @@ impl Mapper for NbdMapper {
             key,
             image,
             &existing,
-            |keyfile| map_args(image, keyfile),
+            |keyfile| {
+                let mut args = map_args(image, keyfile);
+                if options.read_only {
+                    args.push("--read-only".to_owned());
+                }
+                args
+            },
         )
         .await
     }

@@ -10,6 +10,7 @@
 //! programs through `tokio::process`, never on the async worker threads: a stuck mount stalls
 //! only the call that touches it, not every other call of the plugin.
 
+pub mod access;
 mod publish;
 pub mod record;
 pub mod request;
@@ -56,6 +57,10 @@ pub struct NodeService {
     config: NodeConfig,
     mappers: HashMap<MounterKind, Arc<dyn Mapper>>,
     locks: VolumeLocks,
+    cluster: Arc<dyn access::ClusterCheck>,
+    /// This node's IP addresses, when fixed (tests standing in for another host); `None`: the
+    /// host's, read when needed.
+    local_addresses: Option<Arc<std::collections::HashSet<std::net::IpAddr>>>,
 }
 
 impl std::fmt::Debug for NodeService {
@@ -67,9 +72,11 @@ impl std::fmt::Debug for NodeService {
 }
 
 impl NodeService {
-    /// A node service with the three standard mappers.
+    /// A node service with the three standard mappers. Sweeps key files a killed plugin left in
+    /// the runtime directory first ([`sweep_runtime_dir`]).
     #[must_use]
     pub fn new(config: NodeConfig) -> Self {
+        sweep_runtime_dir(&config.runtime_dir);
         let keys = config.runtime_dir.join("keys");
         let mappers: Vec<Arc<dyn Mapper>> = vec![
             Arc::new(KrbdMapper::new(
@@ -89,7 +96,28 @@ impl NodeService {
             config,
             mappers: mappers.into_iter().map(|m| (m.kind(), m)).collect(),
             locks: VolumeLocks::new(),
+            cluster: Arc::new(access::CephCheck),
+            local_addresses: None,
         }
+    }
+
+    /// Fixes the addresses this node's own Ceph clients watch images from (the default: the
+    /// host's). Tests use it to run two "nodes" on one host.
+    #[must_use]
+    pub fn with_local_addresses(
+        mut self,
+        addresses: std::collections::HashSet<std::net::IpAddr>,
+    ) -> Self {
+        self.local_addresses = Some(Arc::new(addresses));
+        self
+    }
+
+    /// Replaces the check stage makes with the caller's key before mapping (tests without a
+    /// cluster; the default asks Ceph, [`access::CephCheck`]).
+    #[must_use]
+    pub fn with_cluster_check(mut self, check: Arc<dyn access::ClusterCheck>) -> Self {
+        self.cluster = check;
+        self
     }
 
     fn mapper(&self, kind: MounterKind) -> Result<&Arc<dyn Mapper>, Status> {
@@ -97,6 +125,63 @@ impl NodeService {
             Status::invalid_argument(format!("mounter {kind} is not available on this node"))
         })
     }
+}
+
+/// Removes key material a killed plugin process left in `runtime_dir`: the transient key files of
+/// `rbd map`/`rbd-nbd map` in `keys/` (named `<mapper>-<pid>-<n>`; those of this process are
+/// kept), and the keyring, `ceph.conf` and log of every `rbd-fuse` instance directory in `fuse/`
+/// whose mount point is not a FUSE mount any more (the instance is gone). A live instance keeps
+/// its files: it serves volumes staged before the restart. Best effort: what cannot be removed is
+/// logged.
+pub fn sweep_runtime_dir(runtime_dir: &std::path::Path) {
+    let own = format!("-{}-", std::process::id());
+    for entry in read_dir_or_empty(&runtime_dir.join("keys")) {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if is_file && !name.contains(&own) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), "removed a key file left by an earlier run");
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove a leftover key file");
+                }
+            }
+        }
+    }
+    for entry in read_dir_or_empty(&runtime_dir.join("fuse")) {
+        let dir = entry.path();
+        let mnt = dir.join("mnt");
+        let live = crate::mount::mount_at(&mnt)
+            .ok()
+            .flatten()
+            .is_some_and(|m| m.fs_type.starts_with("fuse"));
+        if live || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        for name in ["keyring", "ceph.conf", "rbd-fuse.log"] {
+            let path = dir.join(name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), "removed a file of an rbd-fuse instance that is gone");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove a leftover instance file");
+                }
+            }
+        }
+        // Empty directories only: never anything under a mount point.
+        let _ = std::fs::remove_dir(&mnt);
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
+
+fn read_dir_or_empty(dir: &std::path::Path) -> Vec<std::fs::DirEntry> {
+    std::fs::read_dir(dir)
+        .map(|entries| entries.filter_map(Result::ok).collect())
+        .unwrap_or_default()
 }
 
 /// Runs blocking node work on the blocking thread pool.

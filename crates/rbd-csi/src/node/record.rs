@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::mapper::{ImageSpec, MappedDevice};
+use crate::mapper::{ImageSpec, MapOptions, MappedDevice};
 
 /// Name of the file (inside the staging directory) a block volume's device is bound onto.
 pub const BLOCK_DEVICE_FILE: &str = "device";
@@ -20,6 +20,23 @@ pub struct StagingRecord {
     pub mapped: MappedDevice,
     /// Raw block volume (device bound at `<staging>/device`) rather than a mounted filesystem.
     pub block: bool,
+    /// Staged read-only (a reader-only access mode): mapped and mounted read-only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+    /// The fsid of the cluster the image was mapped from (records of older versions have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_fsid: Option<String>,
+}
+
+impl StagingRecord {
+    /// The options the image was mapped with, for unmapping it.
+    #[must_use]
+    pub fn map_options(&self) -> MapOptions {
+        MapOptions {
+            read_only: self.read_only,
+            cluster_fsid: self.cluster_fsid.clone(),
+        }
+    }
 }
 
 /// Where the record of `staging_path` lives.
@@ -100,6 +117,8 @@ mod tests {
                 fuse: None,
             },
             block: false,
+            read_only: true,
+            cluster_fsid: Some("f00d".into()),
         };
         write(&staging, &record).unwrap();
         assert_eq!(read(&staging).unwrap(), Some(record));

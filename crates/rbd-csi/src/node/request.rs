@@ -71,6 +71,32 @@ pub fn access(capability: Option<&VolumeCapability>, field: &str) -> Result<Acce
     }
 }
 
+/// The access mode a volume capability asks for (after [`access`] accepted it).
+#[must_use]
+pub fn mode(capability: Option<&VolumeCapability>) -> Mode {
+    capability
+        .and_then(|c| c.access_mode.as_ref())
+        .and_then(|m| Mode::try_from(m.mode).ok())
+        .unwrap_or(Mode::Unknown)
+}
+
+/// Whether `mode` only reads: such a volume is mapped and mounted read-only, never checked,
+/// grown or formatted.
+#[must_use]
+pub fn reader_only(mode: Mode) -> bool {
+    matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
+}
+
+/// Whether `mode` lets one node only write: such a volume is not staged while a client that is
+/// not this node's own has the image open.
+#[must_use]
+pub fn single_node_writer(mode: Mode) -> bool {
+    matches!(
+        mode,
+        Mode::SingleNodeWriter | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter
+    )
+}
+
 /// What `NodeStageVolume` needs to map an image.
 #[derive(Debug, Clone)]
 pub struct StageParams {

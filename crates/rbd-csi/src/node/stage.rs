@@ -1,10 +1,14 @@
 //! `NodeStageVolume` and `NodeUnstageVolume`.
 //!
-//! Stage: validate -> lock the volume -> already staged? done -> map the image -> write the
-//! staging record -> filesystem: mkfs when `blkid -p` finds nothing (an existing ext4 is checked
-//! and grown offline, which completes an ext4 expansion the kernel refused online), mount at the
-//! staging path; block: bind the device onto `<staging>/device`. A failure after mapping unmaps
-//! again, so a failed stage leaves nothing behind.
+//! Stage: validate -> lock the volume -> already staged? done -> ask the cluster with the
+//! caller's key (authenticates it, reads the fsid and the image's watchers; a single-node-writer
+//! volume open on another node is refused) -> map the image (read-only for a reader-only access
+//! mode; an existing mapping only if of the same cluster) -> write the staging record ->
+//! filesystem: mkfs only on a provably blank device (an existing ext4 is checked and grown
+//! offline unless read-only, which completes an ext4 expansion the kernel refused online), mount
+//! at the staging path (read-only: `ro` without journal replay); block: bind the device onto
+//! `<staging>/device`. A failure after mapping unmaps again, so a failed stage leaves nothing
+//! behind.
 //!
 //! Unstage: unmount whatever is at the staging path, unmap what the record says was mapped (only
 //! if that device still maps the recorded image), remove the record. Every step tolerates
@@ -18,11 +22,12 @@ use std::path::{Path, PathBuf};
 
 use tonic::Status;
 
+use super::access::{self, Watcher};
 use super::record::{self, BLOCK_DEVICE_FILE, StagingRecord};
 use super::request::{self, Access};
 use super::{NodeService, blocking};
-use crate::fs::{self, FsType};
-use crate::mapper::MappedDevice;
+use crate::fs::{self, Contents, FsType};
+use crate::mapper::{ImageSpec, MapOptions, MappedDevice};
 use crate::mount;
 use crate::proto::csi;
 use crate::status::{internal, require};
@@ -34,6 +39,8 @@ pub(super) async fn stage(
     let volume_id = require(&req.volume_id, "volume_id")?;
     let staging = PathBuf::from(require(&req.staging_target_path, "staging_target_path")?);
     let access = request::access(req.volume_capability.as_ref(), "volume_capability")?;
+    let mode = request::mode(req.volume_capability.as_ref());
+    let read_only = request::reader_only(mode);
     let params = request::stage_params(
         volume_id,
         &req.volume_context,
@@ -45,44 +52,34 @@ pub(super) async fn stage(
 
     let block = access.is_block();
     let (id, path) = (volume_id.to_owned(), staging.clone());
-    let already_staged = blocking(move || {
-        if let Some(existing) =
-            record::read(&path).map_err(|e| internal("reading staging record", &e))?
-        {
-            if existing.volume_id != id {
-                return Err(Status::already_exists(format!(
-                    "staging path {} holds volume {}, not {id}",
-                    path.display(),
-                    existing.volume_id
-                )));
-            }
-            if existing.block != block {
-                return Err(Status::already_exists(format!(
-                    "volume {id} is already staged at {} with another access type",
-                    path.display()
-                )));
-            }
-            if staged_target_mounted(&path, existing.block)? {
-                return Ok(true);
-            }
-        }
-        std::fs::create_dir_all(&path).map_err(|e| internal("creating staging path", &e))?;
-        Ok(false)
-    })
-    .await?;
+    let already_staged = blocking(move || already_staged(&path, &id, block, read_only)).await?;
     if already_staged {
         tracing::debug!(volume_id, staging = %staging.display(), "already staged");
         return Ok(());
     }
 
     let mapper = node.mapper(params.mounter)?;
-    tracing::info!(volume_id, image = %params.image, mounter = %params.mounter, "mapping image");
-    let mapped = mapper.map(&params.image, &params.key).await?;
+    // With the caller's key: authenticates it (also when the image is mapped here already), and
+    // tells the cluster's fsid and who has the image open.
+    let view = node.cluster.inspect(&params.image, &params.key).await?;
+    let options = MapOptions {
+        read_only,
+        cluster_fsid: view.fsid.clone(),
+    };
+    if request::single_node_writer(mode) {
+        refuse_foreign_watchers(node, &params.image, &view.watchers).await?;
+    }
+    tracing::info!(volume_id, image = %params.image, mounter = %params.mounter, read_only, "mapping image");
+    let mapped = mapper
+        .map_with(&params.image, &params.key, &options)
+        .await?;
     let record = StagingRecord {
         volume_id: volume_id.to_owned(),
         image: params.image.clone(),
         mapped: mapped.clone(),
         block,
+        read_only,
+        cluster_fsid: view.fsid,
     };
     let path = staging.clone();
     let result = match blocking(move || {
@@ -90,12 +87,12 @@ pub(super) async fn stage(
     })
     .await
     {
-        Ok(()) => expose(&access, &mapped, &staging).await,
+        Ok(()) => expose(&access, read_only, &mapped, &staging).await,
         Err(status) => Err(status),
     };
     if let Err(status) = result {
         tracing::warn!(volume_id, error = %status.message(), "stage failed; unmapping");
-        if let Err(e) = mapper.unmap(&mapped, &params.image).await {
+        if let Err(e) = mapper.unmap_with(&mapped, &params.image, &options).await {
             tracing::warn!(volume_id, error = %e, "unmap after failed stage failed");
         } else {
             let path = staging.clone();
@@ -110,6 +107,45 @@ pub(super) async fn stage(
     Ok(())
 }
 
+/// Whether the volume is staged at `path` already (record and mount in place); creates the
+/// staging directory otherwise. Another volume, access type or access mode there is
+/// `ALREADY_EXISTS`.
+fn already_staged(path: &Path, id: &str, block: bool, read_only: bool) -> Result<bool, Status> {
+    if let Some(existing) =
+        record::read(path).map_err(|e| internal("reading staging record", &e))?
+    {
+        if existing.volume_id != id {
+            return Err(Status::already_exists(format!(
+                "staging path {} holds volume {}, not {id}",
+                path.display(),
+                existing.volume_id
+            )));
+        }
+        if existing.block != block {
+            return Err(Status::already_exists(format!(
+                "volume {id} is already staged at {} with another access type",
+                path.display()
+            )));
+        }
+        if existing.read_only != read_only {
+            return Err(Status::already_exists(format!(
+                "volume {id} is already staged at {} {}",
+                path.display(),
+                if existing.read_only {
+                    "read-only"
+                } else {
+                    "read-write"
+                }
+            )));
+        }
+        if staged_target_mounted(path, existing.block)? {
+            return Ok(true);
+        }
+    }
+    std::fs::create_dir_all(path).map_err(|e| internal("creating staging path", &e))?;
+    Ok(false)
+}
+
 pub(super) fn staged_target_mounted(staging: &Path, block: bool) -> Result<bool, Status> {
     let target = if block {
         staging.join(BLOCK_DEVICE_FILE)
@@ -119,8 +155,45 @@ pub(super) fn staged_target_mounted(staging: &Path, block: bool) -> Result<bool,
     mount::is_mount_point(&target).map_err(|e| internal("reading mount table", &e))
 }
 
-/// Makes the mapped device available at the staging path.
-async fn expose(access: &Access, mapped: &MappedDevice, staging: &Path) -> Result<(), Status> {
+/// Refuses to stage a single-node-writer volume that a client other than this node's own has
+/// open (mapped on another node, or opened by some other program): the volume would be written
+/// from two places.
+async fn refuse_foreign_watchers(
+    node: &NodeService,
+    image: &ImageSpec,
+    watchers: &[Watcher],
+) -> Result<(), Status> {
+    if watchers.is_empty() {
+        return Ok(());
+    }
+    let local = match &node.local_addresses {
+        Some(local) => local.as_ref().clone(),
+        None => {
+            blocking(|| {
+                access::local_addresses().map_err(|e| internal("listing this node's addresses", &e))
+            })
+            .await?
+        }
+    };
+    let foreign = access::foreign_watchers(watchers, &local);
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = foreign.iter().map(ToString::to_string).collect();
+    Err(Status::failed_precondition(format!(
+        "image {image} is in use by another client ({}); a single-node volume is staged on one \
+         node at a time",
+        names.join(", ")
+    )))
+}
+
+/// Makes the mapped device available at the staging path (read-only: mounted read-only).
+async fn expose(
+    access: &Access,
+    read_only: bool,
+    mapped: &MappedDevice,
+    staging: &Path,
+) -> Result<(), Status> {
     let device = mapped.device.clone();
     let staging = staging.to_path_buf();
     match access {
@@ -134,8 +207,11 @@ async fn expose(access: &Access, mapped: &MappedDevice, staging: &Path) -> Resul
             .await
         }
         Access::Mount { fs, flags } => {
-            let fs = prepare_filesystem(&device, *fs).await?;
-            let flags = flags.clone();
+            let fs = prepare_filesystem(&device, *fs, read_only).await?;
+            let mut flags = flags.clone();
+            if read_only {
+                flags.extend(read_only_mount_options(fs).iter().map(|o| (*o).to_owned()));
+            }
             blocking(move || {
                 mount::mount_filesystem(&device, &staging, fs.name(), &flags).map_err(|e| {
                     internal(
@@ -154,15 +230,43 @@ async fn expose(access: &Access, mapped: &MappedDevice, staging: &Path) -> Resul
     }
 }
 
-/// Creates the filesystem on a blank device; returns the filesystem to mount.
-async fn prepare_filesystem(device: &Path, wanted: FsType) -> Result<FsType, Status> {
+/// Mount options of a read-only stage: `ro`, and no journal replay (ext4 `noload`, xfs
+/// `norecovery`): the filesystem may be live on a writer elsewhere, and a read-only device cannot
+/// be replayed onto anyway.
+#[must_use]
+fn read_only_mount_options(fs: FsType) -> &'static [&'static str] {
+    match fs {
+        FsType::Ext4 => &["ro", "noload"],
+        FsType::Xfs => &["ro", "norecovery"],
+    }
+}
+
+/// Creates the filesystem on a provably blank device; returns the filesystem to mount. A device
+/// holding anything else (a partition table, unrecognised data, a filesystem this driver does not
+/// mount) is `FAILED_PRECONDITION` and left untouched. Read-only: never formatted, checked or
+/// grown (a blank device is `FAILED_PRECONDITION`).
+async fn prepare_filesystem(
+    device: &Path,
+    wanted: FsType,
+    read_only: bool,
+) -> Result<FsType, Status> {
     match fs::probe(device).await? {
-        None => {
+        Contents::Blank if read_only => Err(Status::failed_precondition(format!(
+            "{} is blank and the volume is staged read-only: there is no filesystem to mount \
+             (a read-only stage never creates one)",
+            device.display()
+        ))),
+        Contents::Blank => {
             tracing::info!(device = %device.display(), fs = wanted.name(), "blank device: creating filesystem");
             fs::mkfs(device, wanted).await?;
             Ok(wanted)
         }
-        Some(found) => {
+        Contents::Other(what) => Err(Status::failed_precondition(format!(
+            "{} holds {what}; it is not blank, so no filesystem is created on it (wipe it \
+             with wipefs if its contents are not needed)",
+            device.display()
+        ))),
+        Contents::Filesystem(found) => {
             let existing = FsType::parse(&found).map_err(|_| {
                 Status::failed_precondition(format!(
                     "{} holds a {found} filesystem or other data, which this driver does not mount",
@@ -173,7 +277,7 @@ async fn prepare_filesystem(device: &Path, wanted: FsType) -> Result<FsType, Sta
                 tracing::warn!(device = %device.display(), found = %found, wanted = wanted.name(),
                     "existing filesystem differs from the requested fsType; mounting the existing one");
             }
-            if existing == FsType::Ext4 {
+            if existing == FsType::Ext4 && !read_only {
                 // Completes an expansion that could not grow ext4 online.
                 fs::grow_ext4_offline(device).await?;
             }
@@ -182,14 +286,45 @@ async fn prepare_filesystem(device: &Path, wanted: FsType) -> Result<FsType, Sta
     }
 }
 
+/// Creates the (empty) file a block volume's device is bound onto; a symlink there is refused,
+/// never followed.
 fn touch(file: &Path) -> Result<(), Status> {
+    use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(file)
         .map(drop)
         .map_err(|e| internal(&format!("creating {}", file.display()), &e))
+}
+
+/// Unbinds the device from a block volume's `<staging>/device` and removes that file, without
+/// following a symlink (`lstat`, `UMOUNT_NOFOLLOW`). Only what stage creates there, an empty
+/// regular file (with the device bound on it), is removed; anything else is left in place.
+fn release_block_file(file: &Path) -> Result<(), Status> {
+    let meta = match std::fs::symlink_metadata(file) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(internal(&format!("examining {}", file.display()), &e)),
+    };
+    if meta.file_type().is_symlink() {
+        tracing::warn!(file = %file.display(), "block device file is a symlink; leaving it alone");
+        return Ok(());
+    }
+    mount::unmount_all(file).map_err(|e| internal("unmounting the block device", &e))?;
+    match std::fs::symlink_metadata(file) {
+        Ok(meta) if meta.file_type().is_file() && meta.len() == 0 => {
+            std::fs::remove_file(file).map_err(|e| internal("removing the block device file", &e))
+        }
+        Ok(_) => {
+            tracing::warn!(file = %file.display(), "not the empty file stage creates; leaving it alone");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(internal(&format!("examining {}", file.display()), &e)),
+    }
 }
 
 pub(super) async fn unstage(
@@ -212,11 +347,12 @@ pub(super) async fn unstage(
                 existing.volume_id
             )));
         }
-        let block_file = path.join(BLOCK_DEVICE_FILE);
-        mount::unmount_all(&block_file).map_err(|e| internal("unmounting the block device", &e))?;
-        if block_file.exists() {
-            std::fs::remove_file(&block_file)
-                .map_err(|e| internal("removing the block device file", &e))?;
+        // Only a block volume has a file of ours at `<staging>/device`. For a filesystem volume
+        // `<staging>` is the root of the tenant's filesystem, and whatever is called `device`
+        // there is the tenant's (a file, a directory, a symlink to a host path): never touched.
+        // Without a record nothing of ours was bound there either.
+        if existing.as_ref().is_some_and(|r| r.block) {
+            release_block_file(&path.join(BLOCK_DEVICE_FILE))?;
         }
         mount::unmount_all(&path).map_err(|e| internal("unmounting the staging path", &e))?;
         Ok(existing)
@@ -226,7 +362,9 @@ pub(super) async fn unstage(
         let mapper = node.mapper(existing.mapped.mounter)?;
         // Unmaps only what still maps the recorded image (the recorded device may be another
         // volume's after a reboot).
-        mapper.unmap(&existing.mapped, &existing.image).await?;
+        mapper
+            .unmap_with(&existing.mapped, &existing.image, &existing.map_options())
+            .await?;
         let path = staging.clone();
         blocking(move || {
             record::remove(&path).map_err(|e| internal("removing staging record", &e))

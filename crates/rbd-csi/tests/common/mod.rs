@@ -24,6 +24,20 @@ use rbd_csi::{CsiConfig, MounterKind, Services};
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+/// A stand-in for the node's cluster check in tests whose monitors are fake: no fsid, no watchers.
+pub struct NoCluster;
+
+#[async_trait::async_trait]
+impl rbd_csi::node::access::ClusterCheck for NoCluster {
+    async fn inspect(
+        &self,
+        _image: &rbd_csi::mapper::ImageSpec,
+        _key: &rbd_csi::mapper::Key,
+    ) -> Result<rbd_csi::node::access::ClusterView, tonic::Status> {
+        Ok(rbd_csi::node::access::ClusterView::default())
+    }
+}
+
 /// A running CSI server; stopped (and its socket removed) on drop.
 pub struct TestServer {
     pub dir: tempfile::TempDir,

@@ -1,0 +1,226 @@
+//! Access modes on the node: a reader-only volume is mapped and mounted read-only, never
+//! formatted, checked or grown; a single-node-writer volume is not staged while a client of
+//! another node has the image open (its Ceph watchers). Real data path (fuse-loop mapper,
+//! micro-ceph); runs as root. The "other node" runs in this process with its own runtime
+//! directory (its own rbd-fuse) and is told that none of this host's addresses are its own, as
+//! a second host would be.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::volume::{Volume, assert_nothing_left, bytes_usage};
+use common::{NodeCleanup, TestImage, TestServer, mount_cap};
+use rbd_csi::node::{NodeConfig, NodeService};
+use rbd_csi::proto::csi::volume_capability::access_mode::Mode;
+use rbd_csi::proto::csi::{self, node_server::Node, volume_usage::Unit};
+use rbd_csi::{MounterKind, Services};
+use tonic::Request;
+
+fn with_mode(mut cap: csi::VolumeCapability, mode: Mode) -> csi::VolumeCapability {
+    cap.access_mode = Some(csi::volume_capability::AccessMode { mode: mode as i32 });
+    cap
+}
+
+/// The loop device staged at `staging` is read-only in the kernel.
+fn staged_device_read_only(staging: &Path) -> bool {
+    let record = rbd_csi::node::record::read(staging).unwrap().unwrap();
+    let name = record.mapped.device.file_name().unwrap().to_owned();
+    let ro = std::fs::read_to_string(Path::new("/sys/block").join(name).join("ro")).unwrap();
+    ro.trim() == "1"
+}
+
+#[tokio::test]
+async fn a_reader_only_volume_is_mapped_and_mounted_read_only_and_never_grown() {
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-rox-ext4", 64);
+    let mut vol = Volume::new(&server, &image, mount_cap("ext4")).await;
+    vol.stage().await.unwrap();
+    vol.publish(false).await.unwrap();
+    std::fs::write(vol.target.join("shared.txt"), "for readers").unwrap();
+    let written_size = bytes_usage(&vol.stats().await.unwrap(), Unit::Bytes).total;
+    vol.unpublish().await.unwrap();
+    vol.unstage().await.unwrap();
+    // The image grows: a read-write stage would run e2fsck + resize2fs now.
+    image.resize(128);
+
+    vol.cap = with_mode(mount_cap("ext4"), Mode::MultiNodeReaderOnly);
+    vol.stage().await.unwrap();
+    vol.stage().await.unwrap(); // idempotent
+    let staged = rbd_csi::mount::mount_at(&vol.staging).unwrap().unwrap();
+    assert!(
+        staged.read_only(),
+        "staging mount options: {}",
+        staged.options
+    );
+    assert!(
+        staged_device_read_only(&vol.staging),
+        "the loop device is writable"
+    );
+    vol.publish(true).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(vol.target.join("shared.txt")).unwrap(),
+        "for readers"
+    );
+    let err = std::fs::write(vol.staging.join("x"), "x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    let size = bytes_usage(&vol.stats().await.unwrap(), Unit::Bytes).total;
+    assert_eq!(
+        size, written_size,
+        "the filesystem was grown (resize2fs ran)"
+    );
+    // The same staging path asked for read-write is another staging.
+    let mut rw = Volume::new(&server, &image, mount_cap("ext4")).await;
+    assert_eq!(
+        rw.stage().await.unwrap_err().code(),
+        tonic::Code::AlreadyExists
+    );
+    vol.unpublish().await.unwrap();
+    vol.unstage().await.unwrap();
+    assert_nothing_left(&server);
+}
+
+#[tokio::test]
+async fn a_reader_only_stage_of_a_blank_image_is_refused_and_writes_nothing() {
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-rox-blank", 64);
+    let mut vol = Volume::new(
+        &server,
+        &image,
+        with_mode(mount_cap("ext4"), Mode::SingleNodeReaderOnly),
+    )
+    .await;
+    let err = vol.stage().await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("read-only"), "{}", err.message());
+    assert_nothing_left(&server);
+    // Still blank: nothing was written to the image.
+    let du = micro_ceph::cluster()
+        .rbd(&[
+            "du",
+            "--format",
+            "json",
+            &format!("{}/{}", image.pool, image.name),
+        ])
+        .unwrap();
+    let du: serde_json::Value = serde_json::from_str(&du).unwrap();
+    assert_eq!(du["images"][0]["used_size"], 0, "image has data: {du}");
+}
+
+/// A second node, served in this process: its own runtime directory (its own rbd-fuse), and no
+/// address of this host is its own.
+struct OtherNode {
+    node: NodeService,
+    dir: tempfile::TempDir,
+    _cleanup: NodeCleanup,
+}
+
+impl OtherNode {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let node = NodeService::new(NodeConfig {
+            node_id: "test-node-2".into(),
+            default_mounter: MounterKind::FuseLoop,
+            runtime_dir: dir.path().join("run"),
+            krbd_map_options: None,
+            max_volumes_per_node: 0,
+            cluster_config: None,
+            topology: Default::default(),
+        })
+        .with_local_addresses(HashSet::new());
+        let cleanup = NodeCleanup {
+            dirs: vec![dir.path().to_path_buf()],
+        };
+        Self {
+            node,
+            dir,
+            _cleanup: cleanup,
+        }
+    }
+
+    fn staging(&self) -> PathBuf {
+        self.dir.path().join("globalmount")
+    }
+
+    async fn stage(
+        &self,
+        image: &TestImage,
+        cap: csi::VolumeCapability,
+    ) -> Result<(), tonic::Status> {
+        self.node
+            .node_stage_volume(Request::new(csi::NodeStageVolumeRequest {
+                volume_id: image.volume_id(),
+                staging_target_path: self.staging().display().to_string(),
+                volume_capability: Some(cap),
+                secrets: image.secrets(),
+                volume_context: image.context(),
+                publish_context: HashMap::new(),
+            }))
+            .await
+            .map(drop)
+    }
+
+    async fn unstage(&self, image: &TestImage) {
+        self.node
+            .node_unstage_volume(Request::new(csi::NodeUnstageVolumeRequest {
+                volume_id: image.volume_id(),
+                staging_target_path: self.staging().display().to_string(),
+            }))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_single_node_writer_volume_open_on_another_node_is_not_staged() {
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-rwo-watchers", 64);
+    let mut vol = Volume::new(&server, &image, mount_cap("ext4")).await;
+    vol.stage().await.unwrap();
+    vol.publish(false).await.unwrap();
+
+    let other = OtherNode::new();
+    let err = other.stage(&image, mount_cap("ext4")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("in use by another client"),
+        "{}",
+        err.message()
+    );
+    assert!(common::mounts_under(other.dir.path()).is_empty());
+    assert!(common::loops_under(other.dir.path()).is_empty());
+    // Readers are not refused: a reader-only stage maps read-only and writes nothing.
+    other
+        .stage(
+            &image,
+            with_mode(mount_cap("ext4"), Mode::MultiNodeReaderOnly),
+        )
+        .await
+        .unwrap();
+    assert!(staged_device_read_only(&other.staging()));
+    other.unstage(&image).await;
+
+    // The first node's own restage is not refused by its own watch.
+    vol.unpublish().await.unwrap();
+    vol.unstage().await.unwrap();
+    vol.stage().await.unwrap();
+    vol.unstage().await.unwrap();
+    assert_nothing_left(&server);
+
+    // Once the first node let go, the other node stages it (after the OSD dropped the watch of
+    // the exited rbd-fuse, if it had not closed the image).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        match other.stage(&image, mount_cap("ext4")).await {
+            Ok(()) => break,
+            Err(e) if e.code() == tonic::Code::FailedPrecondition && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("stage on the other node: {e:?}"),
+        }
+    }
+    other.unstage(&image).await;
+    assert!(common::mounts_under(other.dir.path()).is_empty());
+}
