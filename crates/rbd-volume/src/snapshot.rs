@@ -209,7 +209,7 @@ impl fmt::Display for SnapshotId {
 }
 
 /// Who a snapshot image (or clone intermediate) belongs to, kept in its metadata.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotOwner {
     /// The snapshot request name (for a clone intermediate: `clone of <pool>/<image>`).
     pub name: String,
@@ -217,18 +217,23 @@ pub struct SnapshotOwner {
     pub source: String,
     /// The driver (or provisioner identity) that made it.
     pub driver: String,
+    /// The Kubernetes cluster it belongs to ([`crate::owner::META_KUBE_CLUSTER`], the same key
+    /// as a volume's); empty when unknown, and then not recorded.
+    pub kube_cluster: String,
 }
 
 impl SnapshotOwner {
     /// The metadata entries, in write order: the name key last (a record cut short reads as
-    /// none and is completed by the next attempt).
+    /// none and is completed by the next attempt). An empty Kubernetes cluster is left out.
     #[must_use]
     pub fn entries(&self) -> Vec<(&'static str, &str)> {
-        vec![
-            (META_SNAPSHOT_DRIVER, self.driver.as_str()),
-            (META_SNAPSHOT_SOURCE, self.source.as_str()),
-            (META_SNAPSHOT, self.name.as_str()),
-        ]
+        let mut entries = vec![(META_SNAPSHOT_DRIVER, self.driver.as_str())];
+        if !self.kube_cluster.is_empty() {
+            entries.push((crate::owner::META_KUBE_CLUSTER, self.kube_cluster.as_str()));
+        }
+        entries.push((META_SNAPSHOT_SOURCE, self.source.as_str()));
+        entries.push((META_SNAPSHOT, self.name.as_str()));
+        entries
     }
 
     /// The record in `meta`, `None` when there is none (or it was cut before its name key).
@@ -238,6 +243,10 @@ impl SnapshotOwner {
             name: meta.get(META_SNAPSHOT)?.clone(),
             source: meta.get(META_SNAPSHOT_SOURCE).cloned().unwrap_or_default(),
             driver: meta.get(META_SNAPSHOT_DRIVER).cloned().unwrap_or_default(),
+            kube_cluster: meta
+                .get(crate::owner::META_KUBE_CLUSTER)
+                .cloned()
+                .unwrap_or_default(),
         })
     }
 }
@@ -726,7 +735,7 @@ pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensur
     let (pool, image) = (new.pool, new.image);
     let (recorded, outcome) = match own_metadata(cluster, pool, image).await {
         Ok(meta) => {
-            let outcome = match ownership(&meta, &new.owner.pv) {
+            let outcome = match ownership(&meta, &new.owner.pv, &new.owner.kube_cluster) {
                 Ownership::Foreign(owner) => {
                     return Err(Error::Foreign {
                         pool: pool.to_owned(),
@@ -824,6 +833,7 @@ async fn make_clone(cluster: &Cluster, new: &NewClone<'_>) -> Result<(), Snapsho
                 name: format!("clone of {}", new.source_id),
                 source: new.source_id.to_owned(),
                 driver: new.driver.to_owned(),
+                kube_cluster: new.owner.kube_cluster.clone(),
             };
             create_snapshot(
                 cluster,
@@ -1018,6 +1028,7 @@ mod tests {
             name: "snapshot-1".into(),
             source: "v1/m/rbd/pvc-1".into(),
             driver: "rbd.provisioner.ceph.io".into(),
+            kube_cluster: String::new(),
         };
         let keys: Vec<&str> = owner.entries().iter().map(|(k, _)| *k).collect();
         assert_eq!(keys.last(), Some(&META_SNAPSHOT));
@@ -1039,6 +1050,7 @@ mod tests {
             pv: "pvc-1".into(),
             claim: String::new(),
             provisioner: "d".into(),
+            kube_cluster: String::new(),
         };
         let options = CreateOptions::default();
         let mut new = NewClone {

@@ -170,6 +170,7 @@ pub fn orphans(
             name: String::new(),
             source: String::new(),
             driver: driver.unwrap_or_default().to_owned(),
+            ..SnapshotOwner::default()
         });
         let what = if is_snapshot_image(image) {
             let Some(contents) = contents else {
@@ -212,6 +213,7 @@ mod tests {
             name: name.into(),
             source: "v1/m/rbd/pvc-1".into(),
             driver: driver.into(),
+            kube_cluster: String::new(),
         };
         ImageFacts {
             meta: owner
@@ -230,6 +232,7 @@ mod tests {
             min_age: Duration::from_secs(600),
             now,
             unrecorded_prefix: None,
+            kube_cluster: "uid-a",
         }
     }
 
