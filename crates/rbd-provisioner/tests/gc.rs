@@ -26,16 +26,26 @@ fn gc(h: &Harness, identity: &str, delete: bool) -> (Output, String) {
 }
 
 fn gc_with(h: &Harness, identity: &str, delete: bool, extra: &[&str]) -> (Output, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"));
-    cmd.args(["gc", "--id", identity])
-        .args(extra)
+    let mut args = vec!["--id", identity];
+    args.extend_from_slice(extra);
+    if delete {
+        args.push("--delete");
+    }
+    gc_run(h, &args)
+}
+
+/// `rbd-provisioner gc ARGS` against `h`'s emulator, at default flags otherwise.
+fn gc_run(h: &Harness, args: &[&str]) -> (Output, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+        .arg("gc")
+        .args(args)
         .arg("--kubeconfig")
         .arg(&h.kubeconfig)
-        .env_remove("RUST_LOG");
-    if delete {
-        cmd.arg("--delete");
-    }
-    let out = cmd.output().unwrap();
+        .env_remove("RUST_LOG")
+        .env_remove("PROVISIONER_NAME")
+        .env_remove("KUBE_CLUSTER_ID")
+        .output()
+        .unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -634,22 +644,14 @@ async fn gc_covers_snapshot_images_and_clone_intermediates() {
 
 /// `gc --min-age=0s` at default flags (identity, driver and Kubernetes cluster identity).
 fn gc_defaults(h: &Harness, delete: bool) -> (Output, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"));
-    cmd.args(["gc", "--min-age=0s", "--kubeconfig"])
-        .arg(&h.kubeconfig)
-        .env_remove("RUST_LOG")
-        .env_remove("PROVISIONER_NAME")
-        .env_remove("KUBE_CLUSTER_ID");
-    if delete {
-        cmd.arg("--delete");
-    }
-    let out = cmd.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out, text)
+    gc_run(
+        h,
+        if delete {
+            &["--min-age=0s", "--delete"]
+        } else {
+            &["--min-age=0s"]
+        },
+    )
 }
 
 /// The snapshot image of the ready VolumeSnapshot `name`.
