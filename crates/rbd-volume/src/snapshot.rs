@@ -74,6 +74,10 @@ pub const META_SNAPSHOT_DRIVER: &str = "provisioner.ceph.com/snapshot-driver";
 pub const META_DEPTH: &str = "provisioner.ceph.com/chain-depth";
 /// Volume metadata: the snapshot or volume ID it was created from.
 pub const META_CONTENT_SOURCE: &str = "provisioner.ceph.com/content-source";
+/// Internal image metadata: set when the volume core moves the image to the RBD trash until its
+/// clones are gone; [`purge_trash`] removes only entries that carry it (or, while
+/// `rbd_move_to_trash_on_remove` is off, unmarked ones older versions left).
+pub const META_TRASHED_UNTIL_UNUSED: &str = "provisioner.ceph.com/trashed-until-unused";
 /// Volume metadata: `<pool>/<image>` of the clone intermediate a volume clone was made through.
 pub const META_CLONE_INTERMEDIATE: &str = "provisioner.ceph.com/clone-intermediate";
 
@@ -637,6 +641,16 @@ async fn remove_internal(
             if cluster.parent(pool, image).await?.is_some() {
                 cluster.flatten(pool, image).await?;
             }
+            // marked as ours to purge: entries the operator's `rbd_move_to_trash_on_remove`
+            // put in the trash are left to the operator
+            cluster
+                .metadata_set_many(
+                    pool,
+                    image,
+                    vec![(META_TRASHED_UNTIL_UNUSED.to_owned(), "true".to_owned())],
+                    None,
+                )
+                .await?;
             cluster.trash_move(pool, image, Duration::ZERO).await?;
             tracing::info!(
                 pool,
@@ -649,16 +663,35 @@ async fn remove_internal(
     }
 }
 
-/// Removes the pool's trash entries that are our internal images and have no clone left;
-/// returns how many went. Entries of other names are never touched.
+/// Removes the pool's trash entries that are internal images we moved there ourselves (marked
+/// [`META_TRASHED_UNTIL_UNUSED`]) and have no clone left; returns how many went. Entries of
+/// other names are never touched, nor are internal images librbd's remove put there because
+/// `rbd_move_to_trash_on_remove` is set (the operator's recovery window, with its expiry).
+/// Unmarked internal entries, which versions before the mark left, are purged only while that
+/// option is off for the pool.
 ///
 /// # Errors
-/// Ceph errors listing the trash.
+/// Ceph errors listing the trash or reading the option.
 pub async fn purge_trash(cluster: &Cluster, pool: &str) -> Result<usize, Error> {
     let mut removed = 0;
+    let mut trash_on_remove = None;
     for entry in cluster.trash_list(pool).await? {
         if !is_internal_image(&entry.name) {
             continue;
+        }
+        let marked = match cluster.metadata_by_id(pool, &entry.id).await {
+            Ok(meta) => meta.contains_key(META_TRASHED_UNTIL_UNUSED),
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if !marked {
+            let on = match trash_on_remove {
+                Some(on) => on,
+                None => *trash_on_remove.insert(cluster.trash_on_remove(pool).await?),
+            };
+            if on {
+                continue;
+            }
         }
         match cluster.trash_remove(pool, &entry.id, false).await {
             Ok(()) => {
