@@ -19,8 +19,8 @@
 //! once its clone is gone. Their records name a driver: `--csi-driver-name` or the provisioner
 //! name count as ours.
 //!
-//! Dry run by default. `--delete` checks each orphan's PV (for a snapshot image: the contents)
-//! once more right before removing it, and refuses (and reports) images still mapped
+//! Dry run by default. `--delete` checks each orphan's PV and whether any PV refers to it now
+//! (for a snapshot image: the contents) once more right before removing it, and refuses (and reports) images still mapped
 //! somewhere; it never forces. Volumes are removed with the volume core's
 //! [`rbd_volume::snapshot::delete_volume`] (snapshot images and clone intermediates made from
 //! them are flattened first and survive), internal images with
@@ -349,10 +349,16 @@ async fn remove(client: &Client, found: &Found, kube_cluster: &str) -> anyhow::R
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     // snapshots taken since the scan refer to their images now
     let contents = snapshots::list_contents(client).await?;
+    // and PVs saved since the scan (of any record, or none) to theirs
+    let referenced = referenced_images(&volumes.list(&ListParams::default()).await?.items);
     let mut failed = 0;
     for (o, cluster) in found {
         let result = match &o.what {
             What::Volume(owner) => {
+                if referenced.contains(&(o.pool.clone(), o.image.clone())) {
+                    println!("kept {}/{}: a PV refers to it now", o.pool, o.image);
+                    continue;
+                }
                 // the PV may have been saved since the scan (a provisioning that was in flight)
                 if let Some(owner) = owner.as_ref().filter(|w| !w.pv.is_empty())
                     && volumes.get_opt(&owner.pv).await?.is_some()

@@ -777,3 +777,88 @@ async fn gc_in_one_kubernetes_cluster_removes_nothing_of_another_sharing_the_poo
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_keeps_images_a_pv_came_to_refer_to_during_the_run() {
+    let h = Harness::start_on(
+        kube_emulator::Emulator::builder()
+            .record_requests(true)
+            .build(),
+    )
+    .await;
+    let prefix = unique_prefix("gp");
+    let identity = format!("gc-pv-{}", &prefix[5..13]);
+    let kube_cluster = h.kube_cluster_id().await;
+    h.create_class("rbd", &h.params(), "Delete").await;
+    // candidates whose record names no PV: one without a record (--include-unrecorded) and one
+    // whose record was cut before its PV key
+    let unrecorded = format!("{prefix}unrecorded");
+    h.ceph
+        .rbd(&[
+            "create",
+            &format!("{}/{unrecorded}", h.ceph.pool),
+            "--size",
+            "8M",
+        ])
+        .unwrap();
+    let cut = format!("{prefix}cut");
+    owned_image(&h, &cut, "pv-x", &identity, &kube_cluster);
+    h.ceph
+        .rbd(&[
+            "image-meta",
+            "remove",
+            &format!("{}/{cut}", h.ceph.pool),
+            "provisioner.ceph.com/pv",
+        ])
+        .unwrap();
+    // gc pauses after its scan listed the PVs; PVs referring to both are saved meanwhile
+    // (the admin key is read after the PVs are listed, before any removal)
+    h.emu
+        .faults()
+        .delay_next("get", "secrets", 1, Duration::from_secs(3));
+    let gc = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+        .args(["gc", "--delete", "--min-age=0s", "--include-unrecorded"])
+        .args(["--id", &identity, "--image-name-prefix", &prefix])
+        .arg("--kubeconfig")
+        .arg(&h.kubeconfig)
+        .env_remove("RUST_LOG")
+        .env_remove("KUBE_CLUSTER_ID")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    h.until("gc's scan", Duration::from_secs(10), || async {
+        h.emu
+            .requests()
+            .iter()
+            .any(|r| r.verb == "get" && r.resource == "secrets")
+            .then_some(())
+    })
+    .await;
+    static_pv(&h, "pv-unrecorded", &unrecorded).await;
+    static_pv(&h, "pv-cut", &cut).await;
+    let out = gc.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let now = h.images();
+    for image in [&unrecorded, &cut] {
+        assert!(
+            now.contains(image),
+            "gc removed {image}, which a PV refers to now:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("kept {}/{image}", h.ceph.pool)),
+            "{text}"
+        );
+    }
+    assert!(out.status.success(), "{text}");
+    for (pv, image) in [("pv-unrecorded", &unrecorded), ("pv-cut", &cut)] {
+        h.volumes().delete(pv, &Default::default()).await.unwrap();
+        h.ceph
+            .rbd(&["rm", &format!("{}/{image}", h.ceph.pool)])
+            .unwrap();
+    }
+}
