@@ -927,6 +927,34 @@ impl Cluster {
         .await
     }
 
+    /// Whether librbd's remove moves images of `pool` to the RBD trash
+    /// (`rbd_move_to_trash_on_remove`, set for the pool with `rbd config pool set` or for the
+    /// client). Removals then leave images in the trash with the configured expiry
+    /// ([`Cluster::remove_image_checked`]).
+    pub async fn trash_on_remove(&self, pool: &str) -> Result<bool, Error> {
+        let op = "read rbd_move_to_trash_on_remove";
+        let target = pool.to_string();
+        self.with_pool(op, pool, target.clone(), move |io| {
+            crate::remove::trash_on_remove(io, op, &target)
+        })
+        .await
+    }
+
+    /// All metadata of the image with ID `id` (e.g. one in the trash), read from its header.
+    pub async fn metadata_by_id(
+        &self,
+        pool: &str,
+        id: &str,
+    ) -> Result<BTreeMap<String, String>, Error> {
+        let op = "list image metadata";
+        let id = id.to_string();
+        let target = format!("{pool}/<image id {id}>");
+        self.with_pool(op, pool, target.clone(), move |io| {
+            crate::header::metadata(io, op, &target, &id)
+        })
+        .await
+    }
+
     pub async fn trash_list(&self, pool: &str) -> Result<Vec<crate::TrashEntry>, Error> {
         self.with_pool("list trash", pool, pool.to_string(), |io| io.trash_list())
             .await

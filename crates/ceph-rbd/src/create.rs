@@ -81,13 +81,25 @@ fn plain_order(opts: &CreateOptions, default_order: u8) -> Result<(u8, u64), &'s
     Ok((order, features.bits()))
 }
 
-/// A new image ID as librbd makes them: this client's instance ID and 32 random bits, in hex.
+/// librbd's `RBD_MAX_IMAGE_ID_LENGTH`: `rbd_data.` and an ID this long fill the 24 bytes (with
+/// the NUL) of `rbd_image_info_t::block_name_prefix`.
+const MAX_IMAGE_ID_LEN: usize = 14;
+
+/// The image ID librbd's `util::generate_image_id` makes of a client instance ID and 32 random
+/// bits: both in hex, unpadded, and of that only the last [`MAX_IMAGE_ID_LEN`] characters
+/// (a long-lived cluster's instance IDs reach 2^24 and more).
+fn image_id(instance_id: u64, random: u32) -> String {
+    let id = format!("{instance_id:x}{random:x}");
+    id[id.len().saturating_sub(MAX_IMAGE_ID_LEN)..].to_owned()
+}
+
+/// A new image ID as librbd makes them ([`image_id`]).
 fn new_id(io: &IoCtx<'_>) -> String {
     let mut random = [0u8; 4];
     // SAFETY: `random` is valid for 4 bytes. A short or failed read leaves zeros, which the
     // exclusive creates below would turn into a retryable "exists", never a shared ID.
     unsafe { libc::getrandom(random.as_mut_ptr().cast(), random.len(), 0) };
-    format!("{:x}{:08x}", io.instance_id(), u32::from_le_bytes(random))
+    image_id(io.instance_id(), u32::from_le_bytes(random))
 }
 
 /// Whether the client or the pool changes librbd's defaults for a new image, or the pool is
@@ -243,6 +255,29 @@ mod tests {
         CreateOptions {
             features: Some(Features::parse(features).unwrap()),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn image_ids_are_formed_and_cut_as_librbd_does() {
+        // small instance IDs: both parts whole, the random part unpadded
+        assert_eq!(image_id(0x1234, 0xdead_beef), "1234deadbeef");
+        assert_eq!(image_id(0x1234, 0xbeef), "1234beef");
+        assert_eq!(image_id(0, 0), "00");
+        // 14 characters fit
+        assert_eq!(image_id(0x12_3456, 0xdead_beef), "123456deadbeef");
+        // an instance ID of 2^24 and more: only the last 14 characters
+        assert_eq!(image_id(0x100_0000, 0xdead_beef), "000000deadbeef");
+        assert_eq!(image_id(0x1234_5678, 0x0bad_cafe), "2345678badcafe");
+        assert_eq!(image_id(u64::MAX, u32::MAX), "ffffffffffffff");
+        for instance in [1u64 << 24, 1 << 32, 1 << 48, u64::MAX] {
+            for random in [0u32, 1, 0xffff_ffff] {
+                let id = image_id(instance, random);
+                assert!(id.len() <= MAX_IMAGE_ID_LEN, "{id}");
+                assert!(format!("{instance:x}{random:x}").ends_with(&id));
+                // `rbd_data.<id>` and its NUL fit block_name_prefix (24 bytes)
+                assert!(format!("rbd_data.{id}").len() < 24);
+            }
         }
     }
 

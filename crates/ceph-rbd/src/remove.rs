@@ -11,7 +11,9 @@
 //! 2. remove the header `rbd_header.<id>`, then the object map `rbd_object_map.<id>`;
 //! 3. remove the ID object `rbd_id.<name>` and the `rbd_directory` entry.
 //!
-//! Anything else, or anything unexpected in the header, is left to librbd ([`Plain::No`]).
+//! Anything else, or anything unexpected in the header, is left to librbd ([`Plain::No`]); so is
+//! every removal while `rbd_move_to_trash_on_remove` is set (librbd then moves the image to the
+//! RBD trash instead of removing it).
 //! The checks read the header through the `rbd` object class, as librbd does. A watcher is
 //! found with an empty notification on the header, which librbd and the kernel client both
 //! acknowledge (a header update): the C API of librados has no watcher listing.
@@ -92,8 +94,51 @@ fn objects_in_map(answer: &[u8], count: u64) -> Option<Vec<u64>> {
     Some(may_exist)
 }
 
+/// The option that makes librbd's remove move an image to the RBD trash instead.
+const TRASH_ON_REMOVE: &str = "rbd_move_to_trash_on_remove";
+
+/// A Ceph boolean option's value as Ceph reads it.
+fn ceph_bool(value: &str) -> bool {
+    let value = value.trim();
+    ["true", "yes", "on"]
+        .iter()
+        .any(|t| value.eq_ignore_ascii_case(t))
+        || value.parse::<i64>().is_ok_and(|n| n != 0)
+}
+
+/// Whether librbd's remove moves images of this pool to the RBD trash
+/// (`rbd_move_to_trash_on_remove`): the pool's override (`rbd config pool set`, kept in the
+/// default namespace's `rbd_info` as librbd reads it) when there is one, else the client's
+/// configuration (which includes the monitors' `ceph config set client ...`).
+pub(crate) fn trash_on_remove(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+) -> Result<bool, Error> {
+    let pool = io.default_namespace()?;
+    let key = format!("conf_{TRASH_ON_REMOVE}");
+    let mut request = Vec::new();
+    put_bytes(&mut request, key.as_bytes());
+    match pool.exec(op, target, "rbd_info", "rbd", "metadata_get", &request) {
+        Ok(value) => {
+            let value = Reader(&value)
+                .string()
+                .ok_or_else(|| malformed(op, target, "metadata_get"))?;
+            return Ok(ceph_bool(&value));
+        }
+        // no override (or no rbd_info at all)
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e),
+    }
+    Ok(ceph_bool(&io.conf_get(op, TRASH_ON_REMOVE)?))
+}
+
 /// Removes format-2 image `name` (ID `id`) without librbd if it is plain and nobody watches
 /// it; otherwise changes nothing and says why. Errors are those of the RADOS calls.
+///
+/// With `rbd_move_to_trash_on_remove` set for the pool or the client, nothing is removed here:
+/// librbd's remove moves the image to the RBD trash with the configured expiry, for plain
+/// images as for any other.
 pub(crate) fn remove_plain(
     io: &IoCtx<'_>,
     op: &'static str,
@@ -101,6 +146,9 @@ pub(crate) fn remove_plain(
     name: &str,
     id: &str,
 ) -> Result<Plain, Error> {
+    if trash_on_remove(io, op, target)? {
+        return Ok(Plain::No("rbd_move_to_trash_on_remove is set"));
+    }
     let header = format!("rbd_header.{id}");
     let call =
         |oid: &str, method: &str, input: &[u8]| io.exec(op, target, oid, "rbd", method, input);
@@ -209,6 +257,16 @@ pub(crate) fn remove_plain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn option_values_read_as_ceph_reads_booleans() {
+        for on in ["true", "TRUE", "yes", "on", "1", " true\n"] {
+            assert!(ceph_bool(on), "{on:?}");
+        }
+        for off in ["false", "no", "off", "0", ""] {
+            assert!(!ceph_bool(off), "{off:?}");
+        }
+    }
 
     /// `object_map_load`'s answer for a 16-object image with objects 0, 5 and 15 written, as
     /// Ceph 16.2 returned it (bytes captured from micro-ceph).

@@ -210,6 +210,52 @@ fn info_shape(spec: &str, name: &str) -> serde_json::Value {
     info
 }
 
+/// python-rbd's `Image.stat()` of `spec/name`, as JSON.
+fn python_stat(spec: &str, name: &str) -> serde_json::Value {
+    const STAT: &str = "import sys, json, rados, rbd
+c = rados.Rados(conffile=sys.argv[1]); c.connect()
+io = c.open_ioctx(sys.argv[2]); io.set_namespace(sys.argv[3])
+img = rbd.Image(io, sys.argv[4], read_only=True)
+print(json.dumps(img.stat(), default=str)); img.close(); io.close(); c.shutdown()";
+    let (pool, ns) = spec.split_once('/').unwrap_or((spec, ""));
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", STAT])
+        .arg(&micro_ceph::cluster().conf_path)
+        .args([pool, ns, name])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The image's ID is one librbd could have made (at most 14 characters), and `rbd info`,
+/// python-rbd's `stat()` and `rbd status` read the same object prefix for it.
+async fn assert_same_identity(cluster: &ceph_rbd::Cluster, spec: &str, name: &str) {
+    let id = cluster.image_info(spec, name).await.unwrap().id;
+    assert!(
+        !id.is_empty() && id.len() <= 14 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id}"
+    );
+    let prefix = format!("rbd_data.{id}");
+    let out = micro_ceph::cluster()
+        .rbd(&["info", "--format", "json", &format!("{spec}/{name}")])
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(info["id"], serde_json::json!(id));
+    assert_eq!(info["block_name_prefix"], serde_json::json!(prefix));
+    assert_eq!(
+        python_stat(spec, name)["block_name_prefix"],
+        serde_json::json!(prefix)
+    );
+    micro_ceph::cluster()
+        .rbd(&["status", &format!("{spec}/{name}")])
+        .unwrap();
+}
+
 #[tokio::test]
 async fn plain_images_are_created_without_librbd_as_librbd_creates_them() {
     let _turn = COUNTER.lock().await;
@@ -244,6 +290,7 @@ async fn plain_images_are_created_without_librbd_as_librbd_creates_them() {
                 ])
                 .unwrap();
             assert_eq!(info_shape(&spec, &ours), info_shape(&spec, &theirs));
+            assert_same_identity(&cluster, &spec, &ours).await;
             assert_eq!(
                 cluster.metadata_list_unopened(&spec, &ours).await.unwrap(),
                 owner.iter().cloned().collect()

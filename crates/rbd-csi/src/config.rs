@@ -120,6 +120,10 @@ pub struct CsiConfig {
     /// node's value of each of `topology_labels` ([`rbd_volume::topology::node_topology`]).
     /// Default empty.
     pub node_topology: BTreeMap<String, String>,
+    /// The Kubernetes cluster's identity, recorded on every image, snapshot image and clone
+    /// intermediate the controller makes and compared by its deletes (an image recorded for
+    /// another Kubernetes cluster is refused). Default empty: not recorded, not compared.
+    pub kube_cluster: String,
 }
 
 impl Default for CsiConfig {
@@ -139,6 +143,7 @@ impl Default for CsiConfig {
             cluster_config: None,
             topology_labels: Vec::new(),
             node_topology: BTreeMap::new(),
+            kube_cluster: String::new(),
         }
     }
 }

@@ -36,6 +36,10 @@ pub enum SourceMode {
 #[derive(Clone, Debug)]
 pub struct BackendConfig {
     pub identity: String,
+    /// The Kubernetes cluster's identity (`--kube-cluster-id`, default the uid of
+    /// `kube-system`): recorded on every image, snapshot image and clone intermediate, compared
+    /// by deletes.
+    pub kube_cluster: String,
     pub naming: Naming,
     pub source_mode: SourceMode,
     pub csi_driver: String,
@@ -77,6 +81,11 @@ impl RbdBackend {
     /// The client this backend talks to Kubernetes with.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The Kubernetes cluster's identity recorded on images.
+    pub fn kube_cluster(&self) -> &str {
+        &self.config.kube_cluster
     }
 
     /// The driver names whose snapshot contents are ours: the CSI driver name, then the
@@ -393,6 +402,7 @@ impl Provisioner for RbdBackend {
                 claim_meta.name.as_deref().unwrap_or_default()
             ),
             provisioner: self.config.identity.clone(),
+            kube_cluster: self.config.kube_cluster.clone(),
         };
         let create_options = CreateOptions {
             format: Some(params.image_format),
@@ -475,7 +485,7 @@ impl Provisioner for RbdBackend {
             .await
             .map_err(DeleteError::failed)?;
         let (pool, image) = (&location.pool_spec(), &location.image);
-        let claimant = Claimant::Volume(pv_name.clone());
+        let claimant = Claimant::volume(pv_name.clone()).in_kube_cluster(&self.config.kube_cluster);
         // the owner record is read from the image header (no open) before the removal, which
         // librbd refuses for a watched image; snapshot images and clone intermediates made from
         // this volume (CSI snapshots) are released first

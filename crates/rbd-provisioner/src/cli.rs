@@ -85,6 +85,20 @@ pub struct KubeArgs {
     /// Burst allowed above --kube-api-qps.
     #[arg(long, default_value_t = 10)]
     pub kube_api_burst: u32,
+    /// The Kubernetes cluster's identity, recorded on every image we make and compared before
+    /// any is deleted (clusters sharing a Ceph pool never delete each other's images). Default:
+    /// the uid of the `kube-system` namespace, read at startup (the CSI driver, which does not
+    /// read it, records one only when given).
+    #[arg(long, env = "KUBE_CLUSTER_ID", value_parser = non_empty_id)]
+    pub kube_cluster_id: Option<String>,
+}
+
+fn non_empty_id(value: &str) -> Result<String, String> {
+    if value.trim().is_empty() {
+        Err("--kube-cluster-id: must not be empty".into())
+    } else {
+        Ok(value.to_owned())
+    }
 }
 
 #[derive(Args, Debug, Clone)]

@@ -150,6 +150,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         cluster_config,
         topology_labels,
         node_topology,
+        kube_cluster: args.kube.kube_cluster_id.clone().unwrap_or_default(),
         ..defaults
     };
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, ceph_client = %ceph_rbd::key::client_version(), "starting CSI driver");

@@ -19,8 +19,8 @@
 //! once its clone is gone. Their records name a driver: `--csi-driver-name` or the provisioner
 //! name count as ours.
 //!
-//! Dry run by default. `--delete` checks each orphan's PV (for a snapshot image: the contents)
-//! once more right before removing it, and refuses (and reports) images still mapped
+//! Dry run by default. `--delete` checks each orphan's PV and whether any PV refers to it now
+//! (for a snapshot image: the contents) once more right before removing it, and refuses (and reports) images still mapped
 //! somewhere; it never forces. Volumes are removed with the volume core's
 //! [`rbd_volume::snapshot::delete_volume`] (snapshot images and clone intermediates made from
 //! them are flattened first and survive), internal images with
@@ -45,6 +45,7 @@ use rbd_volume::{Claimant, ClusterConfigFile, Deleted, Hooks};
 use crate::cli::KubeArgs;
 use crate::image::{META_CLAIM, META_PROVISIONER, Owner};
 use crate::params::Parameters;
+use rbd_volume::META_KUBE_CLUSTER;
 pub use snapshots::Contents;
 
 #[derive(Args, Debug, Clone)]
@@ -113,6 +114,9 @@ pub enum What {
 #[derive(Clone, Debug)]
 pub struct Rules<'a> {
     pub identity: &'a str,
+    /// This Kubernetes cluster's identity: only images recorded for it are orphans
+    /// ([`by_kube_cluster`]).
+    pub kube_cluster: &'a str,
     /// Drivers whose snapshot images and clone intermediates are ours.
     pub snapshot_drivers: &'a [&'a str],
     pub min_age: Duration,
@@ -155,6 +159,11 @@ pub fn orphans(
                         pv: String::new(),
                         claim: facts.meta.get(META_CLAIM).cloned().unwrap_or_default(),
                         provisioner: rules.identity.to_string(),
+                        kube_cluster: facts
+                            .meta
+                            .get(META_KUBE_CLUSTER)
+                            .cloned()
+                            .unwrap_or_default(),
                     })
                 }
                 None if rules
@@ -172,6 +181,46 @@ pub fn orphans(
             })
         })
         .collect()
+}
+
+/// What [`by_kube_cluster`] made of the candidates.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Judged {
+    /// Recorded for our Kubernetes cluster (or, with `--include-unrecorded`, with no record):
+    /// orphans.
+    pub orphans: Vec<Orphan>,
+    /// Records made before the Kubernetes cluster was recorded: reported, never removed (the
+    /// image may be another cluster's sharing the pool).
+    pub unknown_cluster: Vec<Orphan>,
+}
+
+/// Pure: keeps the candidates (of one pool, with their `images` facts) whose record names our
+/// Kubernetes cluster `ours`; those whose record names none go to `unknown_cluster`; those of
+/// another cluster are dropped (its PVs and contents are not in our lists). An image with no
+/// record at all (`--include-unrecorded`) stays a candidate.
+#[must_use]
+pub fn by_kube_cluster(
+    candidates: Vec<Orphan>,
+    images: &BTreeMap<String, ImageFacts>,
+    ours: &str,
+) -> Judged {
+    let mut judged = Judged::default();
+    for candidate in candidates {
+        if matches!(candidate.what, What::Volume(None)) {
+            judged.orphans.push(candidate);
+            continue;
+        }
+        let recorded = images
+            .get(&candidate.image)
+            .and_then(|facts| facts.meta.get(META_KUBE_CLUSTER))
+            .map_or("", String::as_str);
+        if recorded.is_empty() {
+            judged.unknown_cluster.push(candidate);
+        } else if recorded == ours {
+            judged.orphans.push(candidate);
+        }
+    }
+    judged
 }
 
 /// `(pool spec, image)` of every PV with an RBD image source (in-tree, or CSI of any driver that
@@ -206,6 +255,7 @@ pub fn referenced_images(volumes: &[PersistentVolume]) -> BTreeSet<(String, Stri
 
 pub async fn run(args: GcArgs) -> anyhow::Result<()> {
     let client = crate::kube_client::client(&args.kube).await?;
+    let kube_cluster = crate::kube_client::kube_cluster_id(&client, &args.kube).await?;
     let identity = args
         .id
         .clone()
@@ -216,6 +266,7 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
     ];
     let rules = Rules {
         identity: &identity,
+        kube_cluster: &kube_cluster,
         snapshot_drivers: &drivers,
         min_age: args.min_age,
         now: SystemTime::now(),
@@ -242,6 +293,18 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
         println!(
             "{} snapshot image(s) not checked: the cluster serves no snapshot.storage.k8s.io/v1 VolumeSnapshotContents (snapshot CRDs not installed)",
             scanned.unknown
+        );
+    }
+    for (o, _) in &scanned.unknown_cluster {
+        println!(
+            "left alone (owner cluster unknown: recorded before the Kubernetes cluster was, may be another cluster's): {}/{}",
+            o.pool, o.image
+        );
+    }
+    if !scanned.unknown_cluster.is_empty() {
+        println!(
+            "{} image(s) of unknown owner cluster not judged; see docs/provisioner.md (gc) to adopt them",
+            scanned.unknown_cluster.len()
         );
     }
     let found = scanned.orphans;
@@ -273,7 +336,7 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let failed = remove(&client, &found).await?;
+    let failed = remove(&client, &found, &kube_cluster).await?;
     anyhow::ensure!(
         failed == 0,
         "{failed} orphaned image(s) could not be removed"
@@ -282,14 +345,20 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
 }
 
 /// Removes the orphans, each checked once more; returns how many could not be removed.
-async fn remove(client: &Client, found: &Found) -> anyhow::Result<usize> {
+async fn remove(client: &Client, found: &Found, kube_cluster: &str) -> anyhow::Result<usize> {
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     // snapshots taken since the scan refer to their images now
     let contents = snapshots::list_contents(client).await?;
+    // and PVs saved since the scan (of any record, or none) to theirs
+    let referenced = referenced_images(&volumes.list(&ListParams::default()).await?.items);
     let mut failed = 0;
     for (o, cluster) in found {
         let result = match &o.what {
             What::Volume(owner) => {
+                if referenced.contains(&(o.pool.clone(), o.image.clone())) {
+                    println!("kept {}/{}: a PV refers to it now", o.pool, o.image);
+                    continue;
+                }
                 // the PV may have been saved since the scan (a provisioning that was in flight)
                 if let Some(owner) = owner.as_ref().filter(|w| !w.pv.is_empty())
                     && volumes.get_opt(&owner.pv).await?.is_some()
@@ -300,10 +369,13 @@ async fn remove(client: &Client, found: &Found) -> anyhow::Result<usize> {
                     );
                     continue;
                 }
+                // the record is read again by the removal: one naming another Kubernetes
+                // cluster is refused
                 let claimant = match owner.as_ref().filter(|w| !w.pv.is_empty()) {
-                    Some(w) => Claimant::Volume(w.pv.clone()),
-                    None => Claimant::Image,
-                };
+                    Some(w) => Claimant::volume(w.pv.clone()),
+                    None => Claimant::image(),
+                }
+                .in_kube_cluster(kube_cluster);
                 rbd_volume::snapshot::delete_volume(
                     cluster,
                     &o.pool,
@@ -356,6 +428,8 @@ type Found = Vec<(Orphan, std::sync::Arc<ceph_rbd::Cluster>)>;
 /// What [`scan`] found.
 struct Scanned {
     orphans: Found,
+    /// Candidates whose record names no Kubernetes cluster: reported, left alone.
+    unknown_cluster: Found,
     /// Snapshot images not judged (no snapshot API).
     unknown: usize,
 }
@@ -468,16 +542,20 @@ async fn scan(
     let live = snapshots::live_intermediates(&names, &facts);
     let mut scanned = Scanned {
         orphans: Vec::new(),
+        unknown_cluster: Vec::new(),
         unknown: 0,
     };
     for p in &pools {
-        for orphan in orphans(&p.pool, &p.images, &pvs, &referenced, rules) {
-            scanned.orphans.push((orphan, p.cluster.clone()));
-        }
+        let mut candidates = orphans(&p.pool, &p.images, &pvs, &referenced, rules);
         let internal = snapshots::orphans(&p.pool, &p.images, contents.as_ref(), &live, rules);
         scanned.unknown += internal.unknown;
-        for orphan in internal.orphans {
+        candidates.extend(internal.orphans);
+        let judged = by_kube_cluster(candidates, &p.images, rules.kube_cluster);
+        for orphan in judged.orphans {
             scanned.orphans.push((orphan, p.cluster.clone()));
+        }
+        for unknown in judged.unknown_cluster {
+            scanned.unknown_cluster.push((unknown, p.cluster.clone()));
         }
     }
     Ok(scanned)
@@ -527,6 +605,7 @@ mod tests {
                 pv: pv.into(),
                 claim: "ns/c".into(),
                 provisioner: by.into(),
+                kube_cluster: String::new(),
             }
             .entries()
             .iter()
@@ -594,6 +673,7 @@ mod tests {
             min_age: Duration::from_secs(600),
             now,
             unrecorded_prefix: None,
+            kube_cluster: "uid-a",
         };
         let names = |found: Vec<Orphan>| found.into_iter().map(|o| o.image).collect::<Vec<_>>();
         assert_eq!(
@@ -610,5 +690,46 @@ mod tests {
             names(orphans("rbd", &images, &pvs, &referenced, &rules))
                 .contains(&"young".to_string())
         );
+    }
+
+    #[test]
+    fn only_images_recorded_for_our_kubernetes_cluster_are_orphans() {
+        let now = SystemTime::now();
+        let old = Duration::from_secs(3600);
+        let of = |cluster: &str| {
+            let mut facts = owned("pvc-gone", "ceph.com/rbd", old, now);
+            if !cluster.is_empty() {
+                facts
+                    .meta
+                    .insert(META_KUBE_CLUSTER.to_string(), cluster.to_string());
+            }
+            facts
+        };
+        let images = BTreeMap::from([
+            ("ours".to_string(), of("uid-a")),
+            ("theirs".to_string(), of("uid-b")),
+            ("before".to_string(), of("")),
+            (
+                "kubernetes-dynamic-pvc-x".to_string(),
+                ImageFacts {
+                    meta: BTreeMap::new(),
+                    created: now - old,
+                },
+            ),
+        ]);
+        let rules = Rules {
+            identity: "ceph.com/rbd",
+            kube_cluster: "uid-a",
+            snapshot_drivers: &[],
+            min_age: Duration::ZERO,
+            now,
+            unrecorded_prefix: Some("kubernetes-dynamic-pvc-"),
+        };
+        let candidates = orphans("rbd", &images, &BTreeSet::new(), &BTreeSet::new(), &rules);
+        assert_eq!(candidates.len(), 4);
+        let judged = by_kube_cluster(candidates, &images, "uid-a");
+        let names = |found: &[Orphan]| found.iter().map(|o| o.image.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&judged.orphans), ["kubernetes-dynamic-pvc-x", "ours"]);
+        assert_eq!(names(&judged.unknown_cluster), ["before"]);
     }
 }

@@ -11,6 +11,29 @@ use crate::throttle::ThrottleLayer;
 /// `User-Agent` of every API request.
 pub const USER_AGENT: &str = concat!("rbd-provisioner/", env!("CARGO_PKG_VERSION"));
 
+/// The Kubernetes cluster's identity: `--kube-cluster-id`, else the uid of the `kube-system`
+/// namespace (the same for the life of the cluster, different in every cluster).
+///
+/// # Errors
+/// The namespace cannot be read, or has no uid.
+pub async fn kube_cluster_id(client: &Client, args: &KubeArgs) -> anyhow::Result<String> {
+    if let Some(id) = &args.kube_cluster_id {
+        return Ok(id.clone());
+    }
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(client.clone());
+    let context = "reading the uid of namespace kube-system (the Kubernetes cluster's identity \
+                   recorded on images; --kube-cluster-id sets it instead)";
+    namespaces
+        .get("kube-system")
+        .await
+        .context(context)?
+        .metadata
+        .uid
+        .filter(|uid| !uid.is_empty())
+        .with_context(|| format!("{context}: the namespace has no uid"))
+}
+
 /// Builds the client the way the old provisioner did: kubeconfig if given, else in-cluster
 /// (falling back to $KUBECONFIG / ~/.kube/config outside a pod); --master overrides the URL.
 pub async fn client(args: &KubeArgs) -> anyhow::Result<Client> {

@@ -295,8 +295,10 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
         .await
         .context("reading CSIDriver objects")?
         .is_some();
+    let kube_cluster = crate::kube_client::kube_cluster_id(&client, &args.kube).await?;
     let ctx = apply::Context {
         client,
+        kube_cluster,
         driver: args.csi_driver_name.clone(),
         identity: args.id.clone().unwrap_or(args.provisioner_name.clone()),
         record_namespace: args.record_namespace.clone(),

@@ -28,11 +28,14 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         )),
         None => None,
     };
+    let kube_cluster = crate::kube_client::kube_cluster_id(&client, &args.kube).await?;
+    tracing::info!(kube_cluster = %kube_cluster, "Kubernetes cluster identity recorded on images");
     let backend = RbdBackend::new(
         client.clone(),
         ConnectionPool::new(PoolOptions::default()),
         BackendConfig {
             identity: identity.clone(),
+            kube_cluster,
             naming: Naming {
                 prefix: args.image_name_prefix.clone(),
                 use_pv_name: args.use_pv_name,

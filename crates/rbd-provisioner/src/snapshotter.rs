@@ -371,6 +371,7 @@ impl Snapshotter {
             name: request.clone(),
             source: volume_handle.to_owned(),
             driver: self.backend.snapshot_drivers()[0].to_owned(),
+            kube_cluster: self.backend.kube_cluster().to_owned(),
         };
         let snap = snapshot::create_snapshot(
             &cluster,

@@ -8,6 +8,8 @@
 //!
 //! `cargo test -p rbd-provisioner --test gc`
 
+#[path = "support/snapshots.rs"]
+mod snapshots;
 mod support;
 
 use std::collections::BTreeSet;
@@ -24,16 +26,26 @@ fn gc(h: &Harness, identity: &str, delete: bool) -> (Output, String) {
 }
 
 fn gc_with(h: &Harness, identity: &str, delete: bool, extra: &[&str]) -> (Output, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"));
-    cmd.args(["gc", "--id", identity])
-        .args(extra)
+    let mut args = vec!["--id", identity];
+    args.extend_from_slice(extra);
+    if delete {
+        args.push("--delete");
+    }
+    gc_run(h, &args)
+}
+
+/// `rbd-provisioner gc ARGS` against `h`'s emulator, at default flags otherwise.
+fn gc_run(h: &Harness, args: &[&str]) -> (Output, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+        .arg("gc")
+        .args(args)
         .arg("--kubeconfig")
         .arg(&h.kubeconfig)
-        .env_remove("RUST_LOG");
-    if delete {
-        cmd.arg("--delete");
-    }
-    let out = cmd.output().unwrap();
+        .env_remove("RUST_LOG")
+        .env_remove("PROVISIONER_NAME")
+        .env_remove("KUBE_CLUSTER_ID")
+        .output()
+        .unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -52,21 +64,27 @@ fn listed(text: &str, prefix: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// An image with an owner record, as our provisioner (`identity`) writes it.
-fn owned_image(h: &Harness, image: &str, pv: &str, identity: &str) {
+/// An image with an owner record, as our provisioner (`identity`) in the Kubernetes cluster
+/// `kube_cluster` writes it (empty: as versions before the cluster was recorded wrote it).
+fn owned_image(h: &Harness, image: &str, pv: &str, identity: &str, kube_cluster: &str) {
     let spec = format!("{}/{image}", h.ceph.pool);
     h.ceph.rbd(&["create", &spec, "--size", "8M"]).unwrap();
-    record_owner(h, image, pv, identity);
+    record_owner(h, image, pv, identity, kube_cluster);
 }
 
-/// The owner record our provisioner (`identity`) writes, on an existing image.
-fn record_owner(h: &Harness, image: &str, pv: &str, identity: &str) {
+/// The owner record our provisioner (`identity`) in `kube_cluster` (empty: none recorded)
+/// writes, on an existing image.
+fn record_owner(h: &Harness, image: &str, pv: &str, identity: &str, kube_cluster: &str) {
     let spec = format!("{}/{image}", h.ceph.pool);
-    for (key, value) in [
+    let mut keys = vec![
         ("provisioner.ceph.com/pv", pv),
         ("provisioner.ceph.com/claim", "default/gone"),
         ("provisioner.ceph.com/provisioner", identity),
-    ] {
+    ];
+    if !kube_cluster.is_empty() {
+        keys.push(("provisioner.ceph.com/kube-cluster", kube_cluster));
+    }
+    for (key, value) in keys {
         h.ceph
             .rbd(&["image-meta", "set", &spec, key, value])
             .unwrap();
@@ -79,6 +97,7 @@ async fn gc_lists_exactly_the_orphans_and_deletes_only_unwatched_ones() {
     let prefix = unique_prefix("gc");
     // an identity of this test only: other tests' images in the shared pool are not ours
     let identity = format!("gc-test-{}", &prefix[5..13]);
+    let kube_cluster = h.kube_cluster_id().await;
     h.create_class("rbd", &h.params(), "Delete").await;
     let names = claim_names("gc", 3);
     let mut p = h.spawn(
@@ -123,6 +142,7 @@ async fn gc_lists_exactly_the_orphans_and_deletes_only_unwatched_ones() {
         &made_up,
         "pvc-00000000-0000-0000-0000-000000000000",
         &identity,
+        &kube_cluster,
     );
     // orphan 3: the same, but mapped somewhere (a watcher)
     let watched = format!("{prefix}watched");
@@ -131,6 +151,7 @@ async fn gc_lists_exactly_the_orphans_and_deletes_only_unwatched_ones() {
         &watched,
         "pvc-11111111-0000-0000-0000-000000000000",
         &identity,
+        &kube_cluster,
     );
     let holder = ImageHolder::open(h.ceph, &h.ceph.pool, &watched).unwrap();
     // not orphans: another provisioner's image, and an image with no owner record
@@ -140,6 +161,7 @@ async fn gc_lists_exactly_the_orphans_and_deletes_only_unwatched_ones() {
         &foreign,
         "pvc-22222222-0000-0000-0000-000000000000",
         "someone-else",
+        &kube_cluster,
     );
     let unowned = format!("{prefix}unowned");
     h.ceph
@@ -359,6 +381,7 @@ async fn gc_covers_snapshot_images_and_clone_intermediates() {
     let prefix = unique_prefix("gs");
     let identity = format!("gc-snap-{}", &prefix[5..13]);
     let driver = format!("driver-{}", &prefix[5..13]);
+    let kube_cluster = h.kube_cluster_id().await;
     h.create_class("rbd", &h.params(), "Delete").await;
     let cluster = ceph_cluster(&h).await;
     let pool = h.ceph.pool.as_str();
@@ -375,18 +398,20 @@ async fn gc_covers_snapshot_images_and_clone_intermediates() {
             &format!("{pool}/{source}"),
         ])
         .unwrap();
-    record_owner(&h, &source, "pv-source", &identity);
+    record_owner(&h, &source, "pv-source", &identity, &kube_cluster);
     static_pv(&h, "pv-source", &source).await;
     let source_id = format!("v1/{}/{pool}/{source}", h.ceph.monitors);
 
     let snap = |name: &'static str, driver: String| {
         let (cluster, source, source_id) = (cluster.clone(), source.clone(), source_id.clone());
+        let kube_cluster = kube_cluster.clone();
         async move {
             let image = snapshot::snapshot_image_name(&format!("{name}-{source}"));
             let owner = SnapshotOwner {
                 name: name.into(),
                 source: source_id,
                 driver,
+                kube_cluster,
             };
             snapshot::create_snapshot(
                 &cluster,
@@ -410,6 +435,7 @@ async fn gc_covers_snapshot_images_and_clone_intermediates() {
 
     let clone = |image: String, from: Source<'static>, pv: &'static str| {
         let (cluster, driver, identity) = (cluster.clone(), driver.clone(), identity.clone());
+        let kube_cluster = kube_cluster.clone();
         let source_id = match from {
             Source::Snapshot { image, .. } => format!("s1/x/{image}"),
             Source::Volume { .. } => source_id.clone(),
@@ -419,6 +445,7 @@ async fn gc_covers_snapshot_images_and_clone_intermediates() {
                 pv: pv.into(),
                 claim: "default/c".into(),
                 provisioner: identity,
+                kube_cluster,
             };
             snapshot::clone_volume(
                 &cluster,
@@ -551,7 +578,7 @@ async fn gc_covers_snapshot_images_and_clone_intermediates() {
             &format!("{pool}/{doomed}"),
         ])
         .unwrap();
-    record_owner(&h, &doomed, "pv-never-existed", &identity);
+    record_owner(&h, &doomed, "pv-never-existed", &identity, &kube_cluster);
     let doomed_snap = snapshot::snapshot_image_name(&format!("doomed-{doomed}"));
     snapshot::create_snapshot(
         &cluster,
@@ -563,6 +590,7 @@ async fn gc_covers_snapshot_images_and_clone_intermediates() {
                 name: "doomed".into(),
                 source: format!("v1/{}/{pool}/{doomed}", h.ceph.monitors),
                 driver: driver.clone(),
+                kube_cluster: kube_cluster.clone(),
             },
         },
     )
@@ -601,7 +629,7 @@ async fn gc_covers_snapshot_images_and_clone_intermediates() {
             &cluster,
             pool,
             image,
-            &rbd_volume::Claimant::Volume(pv.into()),
+            &rbd_volume::Claimant::volume(pv),
             &rbd_volume::Hooks::default(),
         )
         .await
@@ -610,6 +638,227 @@ async fn gc_covers_snapshot_images_and_clone_intermediates() {
     for image in [&kept, &theirs, &doomed_snap] {
         snapshot::delete_snapshot(&cluster, pool, image)
             .await
+            .unwrap();
+    }
+}
+
+/// `gc --min-age=0s` at default flags (identity, driver and Kubernetes cluster identity).
+fn gc_defaults(h: &Harness, delete: bool) -> (Output, String) {
+    gc_run(
+        h,
+        if delete {
+            &["--min-age=0s", "--delete"]
+        } else {
+            &["--min-age=0s"]
+        },
+    )
+}
+
+/// The snapshot image of the ready VolumeSnapshot `name`.
+async fn snapshot_image(h: &Harness, name: &str) -> String {
+    let vs = snapshots::wait_ready(h, name).await;
+    let content = vs
+        .data
+        .pointer("/status/boundVolumeSnapshotContentName")
+        .and_then(|v| v.as_str())
+        .unwrap()
+        .to_string();
+    let content = snapshots::contents(h).get(&content).await.unwrap();
+    let handle = content
+        .data
+        .pointer("/status/snapshotHandle")
+        .and_then(|v| v.as_str())
+        .unwrap();
+    rbd_volume::SnapshotId::parse(handle).unwrap().image
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_in_one_kubernetes_cluster_removes_nothing_of_another_sharing_the_pool() {
+    // two Kubernetes clusters (emulators), one Ceph pool, both provisioners at default flags
+    let (a, _pa) = snapshots::setup().await;
+    let (b, _pb) = snapshots::setup().await;
+    let (ka, kb) = (a.kube_cluster_id().await, b.kube_cluster_id().await);
+    assert_ne!(ka, kb);
+    let pool = a.ceph.pool.clone();
+    // in each: a volume, a ready snapshot of it and a clone of it (through an intermediate)
+    let mut b_images = Vec::new();
+    for (h, images) in [(&a, &mut Vec::new()), (&b, &mut b_images)] {
+        h.create_claim("vol", "csi", "16Mi", false).await;
+        let (_, vol) = h.wait_bound("vol").await;
+        snapshots::create_snapshot(h, "snap", "vol").await;
+        images.push(snapshot_image(h, "snap").await);
+        snapshots::create_claim_from(h, "clone", "16Mi", "PersistentVolumeClaim", "vol").await;
+        let (_, clone) = h.wait_bound("clone").await;
+        let clone = Harness::image_name(&clone);
+        images.push(rbd_volume::snapshot::clone_intermediate_name(&pool, &clone));
+        images.extend([Harness::image_name(&vol), clone]);
+    }
+    // B: a volume and its snapshot as made before the Kubernetes cluster was recorded
+    b.create_claim("old", "csi", "16Mi", false).await;
+    let (_, old) = b.wait_bound("old").await;
+    snapshots::create_snapshot(&b, "old-snap", "old").await;
+    let old_snap = snapshot_image(&b, "old-snap").await;
+    let old = Harness::image_name(&old);
+    for image in [&old, &old_snap] {
+        assert_eq!(
+            b.image_meta(image, "provisioner.ceph.com/kube-cluster"),
+            Some(kb.clone()),
+            "{image}"
+        );
+        b.ceph
+            .rbd(&[
+                "image-meta",
+                "remove",
+                &format!("{pool}/{image}"),
+                "provisioner.ceph.com/kube-cluster",
+            ])
+            .unwrap();
+    }
+    b_images.extend([old.clone(), old_snap.clone()]);
+    // A: a real orphan of its own (a record naming a PV that never existed)
+    let prefix = unique_prefix("gk");
+    let a_orphan = format!("{prefix}orphan");
+    owned_image(
+        &a,
+        &a_orphan,
+        "pvc-33333333-0000-0000-0000-000000000000",
+        "ceph.com/rbd",
+        &ka,
+    );
+
+    let (out, text) = gc_defaults(&a, false);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(
+        listed(&text, &prefix),
+        BTreeSet::from([a_orphan.clone()]),
+        "{text}"
+    );
+    for image in &b_images[..b_images.len() - 2] {
+        assert!(
+            !text.contains(image.as_str()),
+            "B's {image} judged:\n{text}"
+        );
+    }
+    for image in [&old, &old_snap] {
+        assert!(
+            text.lines()
+                .any(|l| l.contains("owner cluster unknown") && l.contains(image.as_str())),
+            "B's image made before the change not reported as of unknown cluster:\n{text}"
+        );
+    }
+    let (out, text) = gc_defaults(&a, true);
+    assert!(out.status.success(), "{text}");
+    let now: BTreeSet<String> = a.images().into_iter().collect();
+    assert!(!now.contains(&a_orphan), "A's orphan kept:\n{text}");
+    for image in &b_images {
+        assert!(now.contains(image), "gc in A removed B's {image}:\n{text}");
+    }
+
+    // B's snapshots and claims then delete cleanly, old records included
+    for h in [&a, &b] {
+        snapshots::delete_claim(h, "clone").await;
+        snapshots::snapshots(h)
+            .delete("snap", &Default::default())
+            .await
+            .unwrap();
+        snapshots::wait_gone(h, &snapshots::snapshots(h), "snap").await;
+    }
+    snapshots::snapshots(&b)
+        .delete("old-snap", &Default::default())
+        .await
+        .unwrap();
+    snapshots::wait_gone(&b, &snapshots::snapshots(&b), "old-snap").await;
+    for (h, claim) in [(&a, "vol"), (&b, "vol"), (&b, "old")] {
+        snapshots::delete_claim(h, claim).await;
+    }
+    b.until("B's images removed", Duration::from_secs(30), || async {
+        let now: BTreeSet<String> = b.images().into_iter().collect();
+        b_images.iter().all(|i| !now.contains(i)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_keeps_images_a_pv_came_to_refer_to_during_the_run() {
+    let h = Harness::start_on(
+        kube_emulator::Emulator::builder()
+            .record_requests(true)
+            .build(),
+    )
+    .await;
+    let prefix = unique_prefix("gp");
+    let identity = format!("gc-pv-{}", &prefix[5..13]);
+    let kube_cluster = h.kube_cluster_id().await;
+    h.create_class("rbd", &h.params(), "Delete").await;
+    // candidates whose record names no PV: one without a record (--include-unrecorded) and one
+    // whose record was cut before its PV key
+    let unrecorded = format!("{prefix}unrecorded");
+    h.ceph
+        .rbd(&[
+            "create",
+            &format!("{}/{unrecorded}", h.ceph.pool),
+            "--size",
+            "8M",
+        ])
+        .unwrap();
+    let cut = format!("{prefix}cut");
+    owned_image(&h, &cut, "pv-x", &identity, &kube_cluster);
+    h.ceph
+        .rbd(&[
+            "image-meta",
+            "remove",
+            &format!("{}/{cut}", h.ceph.pool),
+            "provisioner.ceph.com/pv",
+        ])
+        .unwrap();
+    // gc pauses after its scan listed the PVs; PVs referring to both are saved meanwhile
+    // (the admin key is read after the PVs are listed, before any removal)
+    h.emu
+        .faults()
+        .delay_next("get", "secrets", 1, Duration::from_secs(3));
+    let gc = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+        .args(["gc", "--delete", "--min-age=0s", "--include-unrecorded"])
+        .args(["--id", &identity, "--image-name-prefix", &prefix])
+        .arg("--kubeconfig")
+        .arg(&h.kubeconfig)
+        .env_remove("RUST_LOG")
+        .env_remove("KUBE_CLUSTER_ID")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    h.until("gc's scan", Duration::from_secs(10), || async {
+        h.emu
+            .requests()
+            .iter()
+            .any(|r| r.verb == "get" && r.resource == "secrets")
+            .then_some(())
+    })
+    .await;
+    static_pv(&h, "pv-unrecorded", &unrecorded).await;
+    static_pv(&h, "pv-cut", &cut).await;
+    let out = gc.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let now = h.images();
+    for image in [&unrecorded, &cut] {
+        assert!(
+            now.contains(image),
+            "gc removed {image}, which a PV refers to now:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("kept {}/{image}", h.ceph.pool)),
+            "{text}"
+        );
+    }
+    assert!(out.status.success(), "{text}");
+    for (pv, image) in [("pv-unrecorded", &unrecorded), ("pv-cut", &cut)] {
+        h.volumes().delete(pv, &Default::default()).await.unwrap();
+        h.ceph
+            .rbd(&["rm", &format!("{}/{image}", h.ceph.pool)])
             .unwrap();
     }
 }

@@ -1,6 +1,7 @@
 //! End to end: snapshots, restores and clones of a volume made through a `clusterID` class in a
 //! RADOS namespace, with the built-in snapshot controller: everything stays in the namespace and
-//! the handles name the cluster.
+//! the handles name the cluster; `gc` takes the namespace's live snapshot images and clone
+//! intermediates for live.
 
 #[path = "support/snapshots.rs"]
 mod snapshots;
@@ -45,6 +46,28 @@ fn handle(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
         .unwrap()
         .volume_handle
         .clone()
+}
+
+/// `rbd-provisioner gc --min-age=0s` (with `--delete` when `delete`) at the provisioner's
+/// defaults and the cluster config; whether it succeeded, and its output.
+fn gc(h: &Harness, config: &std::path::Path, delete: bool) -> (bool, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"));
+    cmd.args(["gc", "--min-age=0s", "--kubeconfig"])
+        .arg(&h.kubeconfig)
+        .arg("--cluster-config")
+        .arg(config)
+        .env_remove("RUST_LOG")
+        .env_remove("PROVISIONER_NAME");
+    if delete {
+        cmd.arg("--delete");
+    }
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,10 +127,31 @@ async fn snapshots_restores_and_clones_stay_in_the_namespace_and_name_the_cluste
     assert_eq!(snapshot_handle, format!("s2/site-a/{ns}/{snap_image}"));
     assert!(ls(&h, &ns).contains(&snap_image));
 
-    claim_from(&h, "restored", "VolumeSnapshot", "snap").await;
     claim_from(&h, "cloned", "PersistentVolumeClaim", "src").await;
-    let (_, restored) = h.wait_bound("restored").await;
     let (_, cloned) = h.wait_bound("cloned").await;
+    let intermediate =
+        rbd_volume::snapshot::clone_intermediate_name(&ns, &Harness::image_name(&cloned));
+    let live = ls(&h, &ns);
+    assert!(
+        live.contains(&intermediate),
+        "{intermediate} not in {live:?}"
+    );
+
+    // gc sees the ready snapshot's image and the live clone's intermediate in the namespace as
+    // live: nothing listed, nothing removed, with no minimum age
+    let (ok, text) = gc(&h, &config, false);
+    assert!(ok, "{text}");
+    assert!(text.contains("no orphaned images"), "gc dry run:\n{text}");
+    let (ok, text) = gc(&h, &config, true);
+    assert!(ok, "{text}");
+    assert_eq!(
+        ls(&h, &ns),
+        live,
+        "gc --delete removed live images:\n{text}"
+    );
+
+    claim_from(&h, "restored", "VolumeSnapshot", "snap").await;
+    let (_, restored) = h.wait_bound("restored").await;
     for pv in [&restored, &cloned] {
         let image = Harness::image_name(pv);
         assert_eq!(handle(pv), format!("v2/site-a/{ns}/{image}"));

@@ -50,7 +50,10 @@ pub use lifecycle::{
     check_namespace, delete, ensure, grow,
 };
 pub use naming::{DEFAULT_PREFIX, Naming, hex, is_safe_image_name, request_image_name};
-pub use owner::{META_CLAIM, META_PROVISIONER, META_PV, Owner, Ownership, ownership};
+pub use owner::{
+    META_CLAIM, META_KUBE_CLUSTER, META_PROVISIONER, META_PV, Owner, Ownership, ownership,
+    same_kube_cluster,
+};
 pub use qos::{Qos, QosError};
 pub use snapshot::{
     MAX_CHAIN_DEPTH, NewClone, NewSnapshot, Snapshot, SnapshotDeleted, SnapshotError, SnapshotId,

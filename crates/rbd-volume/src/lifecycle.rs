@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use ceph_rbd::{Cluster, CreateOptions};
 
 use crate::naming::is_image_of;
-use crate::owner::{Owner, Ownership, ownership};
+use crate::owner::{Owner, Ownership, ownership, same_kube_cluster};
 use crate::size::fits;
 
 /// Points of the lifecycle where [`Hooks::step`] is called.
@@ -245,7 +245,7 @@ pub async fn ensure(
                     }
                     Err(e) => return Err(e.into()),
                 };
-                let outcome = match ownership(&recorded, &new.owner.pv) {
+                let outcome = match ownership(&recorded, &new.owner.pv, &new.owner.kube_cluster) {
                     Ownership::Ours => {
                         tracing::info!(
                             pool,
@@ -368,34 +368,64 @@ pub async fn grow(
 
 /// Which volume a delete is for: whose owner record the image may carry.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Claimant {
-    /// The PV (or request) name is known: a record naming another one refuses the delete.
-    Volume(String),
-    /// Only the image is known (a CSI volume ID): a record naming a volume this image is not
-    /// the image of ([`crate::naming::is_image_of`]) refuses the delete.
-    Image,
+pub struct Claimant {
+    /// `None` when only the image is known.
+    volume: Option<String>,
+    /// Empty: unknown, not compared.
+    kube_cluster: String,
 }
 
 impl Claimant {
-    /// `Err(owner)` when the record in `meta` names another volume than this one for `image`.
+    /// The PV (or request) name is known: a record naming another one refuses the delete.
+    #[must_use]
+    pub fn volume(name: impl Into<String>) -> Claimant {
+        Claimant {
+            volume: Some(name.into()),
+            kube_cluster: String::new(),
+        }
+    }
+
+    /// Only the image is known (a CSI volume ID): a record naming a volume this image is not
+    /// the image of ([`crate::naming::is_image_of`]) refuses the delete.
+    #[must_use]
+    pub fn image() -> Claimant {
+        Claimant {
+            volume: None,
+            kube_cluster: String::new(),
+        }
+    }
+
+    /// The same, for the Kubernetes cluster `id` (empty: unknown): a record naming another
+    /// Kubernetes cluster refuses the delete too. A record made before the cluster was recorded
+    /// names none and is judged by its volume alone.
+    #[must_use]
+    pub fn in_kube_cluster(mut self, id: &str) -> Claimant {
+        id.clone_into(&mut self.kube_cluster);
+        self
+    }
+
+    /// `Err(owner)` when the record in `meta` names another volume than this one for `image`,
+    /// or another Kubernetes cluster.
     fn check(&self, meta: &BTreeMap<String, String>, image: &str) -> Result<(), Owner> {
-        match self {
-            Claimant::Volume(name) => match ownership(meta, name) {
+        match &self.volume {
+            Some(name) => match ownership(meta, name, &self.kube_cluster) {
                 Ownership::Foreign(owner) => Err(owner),
                 Ownership::Ours | Ownership::Unrecorded => Ok(()),
             },
-            Claimant::Image => match Owner::from_metadata(meta) {
-                Some(owner) if !is_image_of(image, &owner.pv) => Err(owner),
+            None => match Owner::from_metadata(meta) {
+                Some(owner)
+                    if !is_image_of(image, &owner.pv)
+                        || !same_kube_cluster(&owner.kube_cluster, &self.kube_cluster) =>
+                {
+                    Err(owner)
+                }
                 _ => Ok(()),
             },
         }
     }
 
     fn wanted(&self, image: &str) -> String {
-        match self {
-            Claimant::Volume(name) => name.clone(),
-            Claimant::Image => image.to_owned(),
-        }
+        self.volume.clone().unwrap_or_else(|| image.to_owned())
     }
 }
 
@@ -457,8 +487,7 @@ pub async fn delete(
                     .take()
                     .unwrap_or_else(|| Owner {
                         pv: reason,
-                        claim: String::new(),
-                        provisioner: String::new(),
+                        ..Owner::default()
                     });
                 return Err(Error::Foreign {
                     pool: pool.to_owned(),
@@ -495,7 +524,7 @@ mod tests {
 
     #[test]
     fn a_delete_by_volume_name_refuses_only_another_volumes_record() {
-        let by_name = Claimant::Volume("pvc-a".into());
+        let by_name = Claimant::volume("pvc-a");
         assert!(by_name.check(&meta(&[(META_PV, "pvc-a")]), "img").is_ok());
         assert!(by_name.check(&meta(&[]), "img").is_ok(), "unrecorded");
         assert!(
@@ -509,18 +538,40 @@ mod tests {
     }
 
     #[test]
+    fn a_delete_refuses_a_record_of_another_kubernetes_cluster() {
+        use crate::owner::META_KUBE_CLUSTER;
+        let uid = "6c1f0d2e-8a4b-4c3d-9e2f-0a1b2c3d4e5f";
+        let pv = format!("pvc-{uid}");
+        let theirs = meta(&[(META_PV, &pv), (META_KUBE_CLUSTER, "uid-b")]);
+        let ours = meta(&[(META_PV, &pv), (META_KUBE_CLUSTER, "uid-a")]);
+        let before = meta(&[(META_PV, &pv)]);
+        for claimant in [Claimant::volume(pv.clone()), Claimant::image()] {
+            let claimant = claimant.in_kube_cluster("uid-a");
+            assert!(claimant.check(&ours, &pv).is_ok());
+            assert!(
+                claimant.check(&before, &pv).is_ok(),
+                "made before the change"
+            );
+            let owner = claimant.check(&theirs, &pv).unwrap_err();
+            assert_eq!(owner.kube_cluster, "uid-b");
+        }
+        // without an identity (a CSI controller given none) nothing is compared
+        assert!(Claimant::image().check(&theirs, &pv).is_ok());
+    }
+
+    #[test]
     fn a_delete_by_image_refuses_a_record_of_a_volume_with_another_image() {
         let uid = "6c1f0d2e-8a4b-4c3d-9e2f-0a1b2c3d4e5f";
         let pv = format!("pvc-{uid}");
         let record = meta(&[(META_PV, &pv)]);
-        assert!(Claimant::Image.check(&record, &pv).is_ok(), "CSI-made");
+        assert!(Claimant::image().check(&record, &pv).is_ok(), "CSI-made");
         let provisioner_made = format!("kubernetes-dynamic-pvc-{uid}");
-        assert!(Claimant::Image.check(&record, &provisioner_made).is_ok());
+        assert!(Claimant::image().check(&record, &provisioner_made).is_ok());
         assert!(
-            Claimant::Image.check(&meta(&[]), "img").is_ok(),
+            Claimant::image().check(&meta(&[]), "img").is_ok(),
             "unrecorded"
         );
-        let owner = Claimant::Image
+        let owner = Claimant::image()
             .check(&meta(&[(META_PV, "someone-else")]), "pvc-victim")
             .unwrap_err();
         assert_eq!(owner.pv, "someone-else");
@@ -535,6 +586,7 @@ mod tests {
                 pv: "pvc-b".into(),
                 claim: "ns/b".into(),
                 provisioner: "ceph.com/rbd".into(),
+                kube_cluster: String::new(),
             },
             wanted: "pvc-a".into(),
             action: Action::Delete,

@@ -124,6 +124,7 @@ mod tests {
                 pv: pv.into(),
                 claim: String::new(),
                 provisioner: provisioner.into(),
+                kube_cluster: String::new(),
             }
             .entries()
             .into_iter()

@@ -74,6 +74,10 @@ pub const META_SNAPSHOT_DRIVER: &str = "provisioner.ceph.com/snapshot-driver";
 pub const META_DEPTH: &str = "provisioner.ceph.com/chain-depth";
 /// Volume metadata: the snapshot or volume ID it was created from.
 pub const META_CONTENT_SOURCE: &str = "provisioner.ceph.com/content-source";
+/// Internal image metadata: set when the volume core moves the image to the RBD trash until its
+/// clones are gone; [`purge_trash`] removes only entries that carry it (or, while
+/// `rbd_move_to_trash_on_remove` is off, unmarked ones older versions left).
+pub const META_TRASHED_UNTIL_UNUSED: &str = "provisioner.ceph.com/trashed-until-unused";
 /// Volume metadata: `<pool>/<image>` of the clone intermediate a volume clone was made through.
 pub const META_CLONE_INTERMEDIATE: &str = "provisioner.ceph.com/clone-intermediate";
 
@@ -209,7 +213,7 @@ impl fmt::Display for SnapshotId {
 }
 
 /// Who a snapshot image (or clone intermediate) belongs to, kept in its metadata.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotOwner {
     /// The snapshot request name (for a clone intermediate: `clone of <pool>/<image>`).
     pub name: String,
@@ -217,18 +221,23 @@ pub struct SnapshotOwner {
     pub source: String,
     /// The driver (or provisioner identity) that made it.
     pub driver: String,
+    /// The Kubernetes cluster it belongs to ([`crate::owner::META_KUBE_CLUSTER`], the same key
+    /// as a volume's); empty when unknown, and then not recorded.
+    pub kube_cluster: String,
 }
 
 impl SnapshotOwner {
     /// The metadata entries, in write order: the name key last (a record cut short reads as
-    /// none and is completed by the next attempt).
+    /// none and is completed by the next attempt). An empty Kubernetes cluster is left out.
     #[must_use]
     pub fn entries(&self) -> Vec<(&'static str, &str)> {
-        vec![
-            (META_SNAPSHOT_DRIVER, self.driver.as_str()),
-            (META_SNAPSHOT_SOURCE, self.source.as_str()),
-            (META_SNAPSHOT, self.name.as_str()),
-        ]
+        let mut entries = vec![(META_SNAPSHOT_DRIVER, self.driver.as_str())];
+        if !self.kube_cluster.is_empty() {
+            entries.push((crate::owner::META_KUBE_CLUSTER, self.kube_cluster.as_str()));
+        }
+        entries.push((META_SNAPSHOT_SOURCE, self.source.as_str()));
+        entries.push((META_SNAPSHOT, self.name.as_str()));
+        entries
     }
 
     /// The record in `meta`, `None` when there is none (or it was cut before its name key).
@@ -238,6 +247,10 @@ impl SnapshotOwner {
             name: meta.get(META_SNAPSHOT)?.clone(),
             source: meta.get(META_SNAPSHOT_SOURCE).cloned().unwrap_or_default(),
             driver: meta.get(META_SNAPSHOT_DRIVER).cloned().unwrap_or_default(),
+            kube_cluster: meta
+                .get(crate::owner::META_KUBE_CLUSTER)
+                .cloned()
+                .unwrap_or_default(),
         })
     }
 }
@@ -628,6 +641,16 @@ async fn remove_internal(
             if cluster.parent(pool, image).await?.is_some() {
                 cluster.flatten(pool, image).await?;
             }
+            // marked as ours to purge: entries the operator's `rbd_move_to_trash_on_remove`
+            // put in the trash are left to the operator
+            cluster
+                .metadata_set_many(
+                    pool,
+                    image,
+                    vec![(META_TRASHED_UNTIL_UNUSED.to_owned(), "true".to_owned())],
+                    None,
+                )
+                .await?;
             cluster.trash_move(pool, image, Duration::ZERO).await?;
             tracing::info!(
                 pool,
@@ -640,16 +663,35 @@ async fn remove_internal(
     }
 }
 
-/// Removes the pool's trash entries that are our internal images and have no clone left;
-/// returns how many went. Entries of other names are never touched.
+/// Removes the pool's trash entries that are internal images we moved there ourselves (marked
+/// [`META_TRASHED_UNTIL_UNUSED`]) and have no clone left; returns how many went. Entries of
+/// other names are never touched, nor are internal images librbd's remove put there because
+/// `rbd_move_to_trash_on_remove` is set (the operator's recovery window, with its expiry).
+/// Unmarked internal entries, which versions before the mark left, are purged only while that
+/// option is off for the pool.
 ///
 /// # Errors
-/// Ceph errors listing the trash.
+/// Ceph errors listing the trash or reading the option.
 pub async fn purge_trash(cluster: &Cluster, pool: &str) -> Result<usize, Error> {
     let mut removed = 0;
+    let mut trash_on_remove = None;
     for entry in cluster.trash_list(pool).await? {
         if !is_internal_image(&entry.name) {
             continue;
+        }
+        let marked = match cluster.metadata_by_id(pool, &entry.id).await {
+            Ok(meta) => meta.contains_key(META_TRASHED_UNTIL_UNUSED),
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if !marked {
+            let on = match trash_on_remove {
+                Some(on) => on,
+                None => *trash_on_remove.insert(cluster.trash_on_remove(pool).await?),
+            };
+            if on {
+                continue;
+            }
         }
         match cluster.trash_remove(pool, &entry.id, false).await {
             Ok(()) => {
@@ -726,7 +768,7 @@ pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensur
     let (pool, image) = (new.pool, new.image);
     let (recorded, outcome) = match own_metadata(cluster, pool, image).await {
         Ok(meta) => {
-            let outcome = match ownership(&meta, &new.owner.pv) {
+            let outcome = match ownership(&meta, &new.owner.pv, &new.owner.kube_cluster) {
                 Ownership::Foreign(owner) => {
                     return Err(Error::Foreign {
                         pool: pool.to_owned(),
@@ -824,6 +866,7 @@ async fn make_clone(cluster: &Cluster, new: &NewClone<'_>) -> Result<(), Snapsho
                 name: format!("clone of {}", new.source_id),
                 source: new.source_id.to_owned(),
                 driver: new.driver.to_owned(),
+                kube_cluster: new.owner.kube_cluster.clone(),
             };
             create_snapshot(
                 cluster,
@@ -1018,6 +1061,7 @@ mod tests {
             name: "snapshot-1".into(),
             source: "v1/m/rbd/pvc-1".into(),
             driver: "rbd.provisioner.ceph.io".into(),
+            kube_cluster: String::new(),
         };
         let keys: Vec<&str> = owner.entries().iter().map(|(k, _)| *k).collect();
         assert_eq!(keys.last(), Some(&META_SNAPSHOT));
@@ -1039,6 +1083,7 @@ mod tests {
             pv: "pvc-1".into(),
             claim: String::new(),
             provisioner: "d".into(),
+            kube_cluster: String::new(),
         };
         let options = CreateOptions::default();
         let mut new = NewClone {

@@ -133,6 +133,7 @@ async fn members_hold_the_group_snapshot_instant_and_a_crashed_create_completes(
         name: "crash-1",
         members: &members,
         driver: "rbd.csi.test",
+        kube_cluster: "",
     };
 
     // A create that died after the group snapshot, mid-way through copying b's member.
@@ -250,6 +251,7 @@ async fn a_source_in_another_group_is_refused_and_no_group_is_left() {
         name: "other-1",
         members: &members,
         driver: "rbd.csi.test",
+        kube_cluster: "",
     };
     match group::create_group_snapshot(&cluster, &new).await {
         Err(GroupError::InOtherGroup { image, other, .. }) => {

@@ -29,6 +29,7 @@ fn owner(pv: &str) -> Owner {
         pv: pv.into(),
         claim: "ns/claim".into(),
         provisioner: "ceph.com/rbd".into(),
+        kube_cluster: String::new(),
     }
 }
 
@@ -73,7 +74,7 @@ async fn hooks_fire_at_each_step_in_order_and_the_pv_key_goes_last() {
         .await
         .unwrap();
     assert_eq!(same.size, 16 * MIB, "never shrinks");
-    let claimant = Claimant::Volume("pvc-hooks".into());
+    let claimant = Claimant::volume("pvc-hooks");
     let deleted = rbd_volume::delete(&cluster, pool, image, &claimant, &RECORDING)
         .await
         .unwrap();
@@ -142,7 +143,7 @@ async fn an_adopted_smaller_image_is_grown_and_recorded_and_another_volumes_is_r
         &cluster,
         pool,
         image,
-        &Claimant::Volume("pvc-other".into()),
+        &Claimant::volume("pvc-other"),
         &Hooks::default(),
     )
     .await
@@ -172,14 +173,14 @@ async fn an_adopted_smaller_image_is_grown_and_recorded_and_another_volumes_is_r
         matches!(err, Error::SizeMismatch { size, .. } if size == 8 * MIB),
         "{err}"
     );
-    rbd_volume::delete(&cluster, pool, image, &Claimant::Image, &Hooks::default())
+    rbd_volume::delete(&cluster, pool, image, &Claimant::image(), &Hooks::default())
         .await
         .unwrap_err();
     rbd_volume::delete(
         &cluster,
         pool,
         image,
-        &Claimant::Volume("pvc-adopt".into()),
+        &Claimant::volume("pvc-adopt"),
         &Hooks::default(),
     )
     .await
@@ -212,7 +213,7 @@ async fn volumes_in_namespaces_are_ensured_and_deleted_there_and_a_missing_one_i
     assert_eq!(meta[META_PV], "pvc-ns");
     assert!(!cluster.image_exists(pool, image).await.unwrap());
     // deleting through the default namespace finds nothing; the namespace's image stays
-    let claimant = Claimant::Volume("pvc-ns".into());
+    let claimant = Claimant::volume("pvc-ns");
     rbd_volume::delete(&cluster, pool, image, &claimant, &Hooks::default())
         .await
         .unwrap();

@@ -79,6 +79,7 @@ fn owner(pv: &str) -> Owner {
         pv: pv.into(),
         claim: String::new(),
         provisioner: DRIVER.into(),
+        kube_cluster: String::new(),
     }
 }
 
@@ -112,6 +113,7 @@ async fn snapshot(cluster: &ceph_rbd::Cluster, source: &str, name: &str) -> Snap
         name: name.into(),
         source: volume_id(source),
         driver: DRIVER.into(),
+        kube_cluster: String::new(),
     };
     rbd_volume::create_snapshot(
         cluster,
@@ -170,9 +172,15 @@ async fn restore(cluster: &ceph_rbd::Cluster, image: &str, size: u64, snap: &Sna
 }
 
 async fn delete_volume(cluster: &ceph_rbd::Cluster, image: &str) -> Deleted {
-    rbd_volume::delete_volume(cluster, pool(), image, &Claimant::Image, &Hooks::default())
-        .await
-        .unwrap()
+    rbd_volume::delete_volume(
+        cluster,
+        pool(),
+        image,
+        &Claimant::image(),
+        &Hooks::default(),
+    )
+    .await
+    .unwrap()
 }
 
 async fn trash_names(cluster: &ceph_rbd::Cluster) -> Vec<String> {
@@ -267,6 +275,7 @@ async fn a_restore_reads_the_data_from_before_the_snapshot_and_a_larger_one_is_g
         name: "snapshot-data".into(),
         source: volume_id("snap-data-other"),
         driver: DRIVER.into(),
+        kube_cluster: String::new(),
     };
     let refused = rbd_volume::create_snapshot(
         &cluster,

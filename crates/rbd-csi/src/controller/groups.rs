@@ -142,6 +142,7 @@ async fn create(
             name,
             members: &members,
             driver: &ctl.driver_name,
+            kube_cluster: &ctl.kube_cluster,
         },
     )
     .await

@@ -73,6 +73,8 @@ pub struct ControllerService {
     /// Where this controller has served volumes or snapshots: cluster and pool spec
     /// (`pool[/namespace]`), for listing everything.
     locations: Arc<Mutex<BTreeSet<Location>>>,
+    /// [`CsiConfig::kube_cluster`].
+    kube_cluster: String,
 }
 
 /// A cluster and a pool spec (`pool` or `pool/namespace`) volumes live in.
@@ -108,6 +110,7 @@ impl ControllerService {
             hooks: rbd_volume::Hooks::default(),
             clusters: config.cluster_config.clone(),
             locations: Arc::new(Mutex::new(locations)),
+            kube_cluster: config.kube_cluster.clone(),
         }
     }
 

@@ -125,6 +125,7 @@ pub(super) async fn create(
         name: name.to_owned(),
         source: source_id.to_owned(),
         driver: ctl.driver_name.clone(),
+        kube_cluster: ctl.kube_cluster.clone(),
     };
     let snap = snapshot::create_snapshot(
         &cluster,

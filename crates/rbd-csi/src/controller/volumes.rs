@@ -155,6 +155,7 @@ pub(super) async fn create(
         pv: name.to_owned(),
         claim: params.claim.clone().unwrap_or_default(),
         provisioner: ctl.driver_name.clone(),
+        kube_cluster: ctl.kube_cluster.clone(),
     };
     // required/limit are non-negative here: size_for_range checked them
     let fit = Fit::Within {
@@ -250,9 +251,11 @@ pub(super) async fn delete(
     let _guard = ctl.locks.lock_or_abort(volume_id)?;
     let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
     // The ID names only the image (in its namespace): its owner record must name a volume this
-    // is the image of. Snapshots and clones of it are detached first (they keep working).
+    // is the image of, and no other Kubernetes cluster. Snapshots and clones of it are detached
+    // first (they keep working).
     let pool = id.pool_spec();
-    rbd_volume::delete_volume(&cluster, &pool, &id.image, &Claimant::Image, &ctl.hooks)
+    let claimant = Claimant::image().in_kube_cluster(&ctl.kube_cluster);
+    rbd_volume::delete_volume(&cluster, &pool, &id.image, &claimant, &ctl.hooks)
         .await
         .map_err(volume_status)?;
     tracing::info!(volume_id, "volume deleted");

@@ -38,7 +38,8 @@ const SNAPSHOT_NAME_PREFIX: &str = "snapshot";
 /// What the cluster's `VolumeSnapshotContent`s say about snapshot images.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Contents {
-    /// `(pool, image)` of every content's snapshot handle.
+    /// `(pool spec, image)` of every content's snapshot handle: the pool spec is `pool/namespace`
+    /// for a snapshot in a RADOS namespace, as the scanned pools are named.
     pub handles: BTreeSet<(String, String)>,
     /// Snapshot images of contents that have no handle yet (being created).
     pub pending: BTreeSet<String>,
@@ -56,7 +57,7 @@ impl Contents {
             match handle {
                 Some(handle) => {
                     if let Ok(id) = SnapshotId::parse(handle) {
-                        contents.handles.insert((id.pool, id.image));
+                        contents.handles.insert((id.pool_spec(), id.image));
                     }
                 }
                 None => {
@@ -74,7 +75,8 @@ impl Contents {
         contents
     }
 
-    /// Whether a content refers to the snapshot image `pool/image`.
+    /// Whether a content refers to the snapshot image `image` of the pool spec `pool`
+    /// (`pool/namespace` in a RADOS namespace).
     #[must_use]
     pub fn refers_to(&self, pool: &str, image: &str) -> bool {
         self.pending.contains(image) || self.handles.contains(&(pool.to_owned(), image.to_owned()))
@@ -168,6 +170,7 @@ pub fn orphans(
             name: String::new(),
             source: String::new(),
             driver: driver.unwrap_or_default().to_owned(),
+            ..SnapshotOwner::default()
         });
         let what = if is_snapshot_image(image) {
             let Some(contents) = contents else {
@@ -210,6 +213,7 @@ mod tests {
             name: name.into(),
             source: "v1/m/rbd/pvc-1".into(),
             driver: driver.into(),
+            kube_cluster: String::new(),
         };
         ImageFacts {
             meta: owner
@@ -228,6 +232,7 @@ mod tests {
             min_age: Duration::from_secs(600),
             now,
             unrecorded_prefix: None,
+            kube_cluster: "uid-a",
         }
     }
 
@@ -284,6 +289,33 @@ mod tests {
             &rules(now),
         );
         assert!(names_of(&other_pool).contains(&bound.as_str()));
+    }
+
+    #[test]
+    fn a_handle_in_a_rados_namespace_protects_the_image_of_that_namespace_only() {
+        let now = SystemTime::now();
+        let old = Duration::from_secs(3600);
+        let image = snapshot_image_name("snapshot-ns");
+        let images = BTreeMap::from([(image.clone(), record("snapshot-ns", DRIVER, old, now))]);
+        let objects =
+            [json!({"status": {"snapshotHandle": format!("s2/site-a/rbd/tenant-1/{image}")}})];
+        let contents = Contents::from_objects(objects.iter());
+        assert!(contents.refers_to("rbd/tenant-1", &image));
+        let live = |pool: &str| {
+            orphans(
+                pool,
+                &images,
+                Some(&contents),
+                &BTreeSet::new(),
+                &rules(now),
+            )
+            .orphans
+            .is_empty()
+        };
+        assert!(live("rbd/tenant-1"), "a live snapshot in a namespace");
+        // the same name in the default namespace or another namespace is not that snapshot
+        assert!(!live("rbd"));
+        assert!(!live("rbd/tenant-2"));
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub struct Context {
     pub client: Client,
     pub driver: String,
     pub identity: String,
+    /// The Kubernetes cluster's identity, recorded on the images.
+    pub kube_cluster: String,
     pub record_namespace: String,
     pub dry_run: bool,
     pub command_timeout: Duration,
@@ -355,7 +357,7 @@ async fn migrate_legacy(
         .metadata_list(pool, image)
         .await
         .map_err(|e| format!("reading metadata of image {pool}/{image}: {e}"))?;
-    if let Ownership::Foreign(owner) = ownership(&meta, name) {
+    if let Ownership::Foreign(owner) = ownership(&meta, name, &ctx.kube_cluster) {
         return Ok(refuse(
             &row,
             format!("image {pool}/{image} is recorded as belonging to {owner}, not PV {name}"),
@@ -381,6 +383,7 @@ async fn migrate_legacy(
         pv: name.to_string(),
         claim: claim_text(&legacy),
         provisioner: plan::owner_identity(&pv, &ctx.identity),
+        kube_cluster: ctx.kube_cluster.clone(),
     };
     let missing: Vec<(String, String)> = owner
         .entries()

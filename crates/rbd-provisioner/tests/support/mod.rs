@@ -118,6 +118,19 @@ impl Harness {
         h
     }
 
+    /// The uid of the emulated cluster's `kube-system` namespace: the Kubernetes cluster
+    /// identity the provisioner records on images by default.
+    pub async fn kube_cluster_id(&self) -> String {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        namespaces
+            .get("kube-system")
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap()
+    }
+
     pub async fn create_namespace(&self, name: &str) {
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
         let ns = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();

@@ -128,6 +128,8 @@ pub struct NewGroupSnapshot<'a> {
     pub members: &'a [Member<'a>],
     /// The driver, recorded on the members.
     pub driver: &'a str,
+    /// The Kubernetes cluster, recorded on the members (empty: unknown, not recorded).
+    pub kube_cluster: &'a str,
 }
 
 /// A group snapshot as found in Ceph.
@@ -380,6 +382,7 @@ async fn copy_member(
         name: new.name.to_owned(),
         source: member.source_id.to_owned(),
         driver: new.driver.to_owned(),
+        kube_cluster: new.kube_cluster.to_owned(),
     };
     let recorded = match cluster.metadata_list(pool, &image).await {
         Ok(meta) => Some(meta),
