@@ -13,6 +13,8 @@ PKGS=(
   rbd-fuse fuse3 xfsprogs e2fsprogs util-linux mount
   # tests and tools
   jq curl procps iproute2 strace
+  # a real gRPC client (grpcio) for the kubelet-registration tests
+  python3-grpcio
 )
 # kubectl comes from the Kubernetes apt repo on most machines; use Debian's when it has one.
 OPTIONAL=(kubernetes-client)
