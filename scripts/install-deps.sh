@@ -15,6 +15,8 @@ PKGS=(
   jq curl procps iproute2 strace
   # other Ceph releases for the test matrix (scripts/ceph-release.sh)
   debootstrap
+  # a real gRPC client (grpcio) for the kubelet-registration tests
+  python3-grpcio
 )
 # kubectl comes from the Kubernetes apt repo on most machines; use Debian's when it has one.
 OPTIONAL=(kubernetes-client)

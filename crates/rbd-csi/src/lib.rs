@@ -15,7 +15,7 @@
 //! ```
 //!
 //! Module map: [`identity`], [`controller`], [`node`] (+ [`mapper`] for krbd / rbd-nbd / rbd-fuse+loop),
-//! [`registration`], [`server`]; pure helpers in [`volume`] (volume IDs, image names, sizes).
+//! [`registration`], [`server`] (+ [`h2_authority`] for the `:authority` gRPC clients send on unix sockets); pure helpers in [`volume`] (volume IDs, image names, sizes).
 
 #![warn(clippy::pedantic)]
 // `mapper`/`mapped`, `staging`/`staged` are the domain's words; renaming them would obscure.
@@ -27,6 +27,7 @@ pub mod config;
 pub mod controller;
 pub mod exec;
 pub mod fs;
+pub mod h2_authority;
 pub mod identity;
 pub mod locks;
 pub mod mapper;

@@ -1,13 +1,23 @@
 //! Serving the CSI services (and kubelet registration) on unix sockets.
+//!
+//! Every accepted connection goes through [`AuthorityFix`], so gRPC clients that send a socket
+//! path as `:authority` (grpc-go dialled by a bare path, as the kubelet's plugin watcher does)
+//! are served instead of refused by h2. The registration socket is watched: when its file is
+//! removed (a kubelet or an operator cleaning the plugins registry), it is bound again within
+//! [`SOCKET_CHECK`], and the kubelet's plugin watcher sees it as a new plugin socket.
 
 use std::future::Future;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use tokio::net::UnixListener;
-use tokio::sync::watch;
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_stream::{Stream, StreamExt};
 use tonic::transport::Server;
+
+use crate::h2_authority::AuthorityFix;
 
 use crate::config::CsiConfig;
 use crate::identity::IdentityService;
@@ -72,6 +82,59 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, CsiError> {
     })
 }
 
+/// How often the registration socket's file is checked for removal.
+pub const SOCKET_CHECK: Duration = Duration::from_secs(1);
+
+/// The connections accepted on `listener`, each wrapped in [`AuthorityFix`].
+fn incoming(
+    listener: UnixListener,
+) -> impl Stream<Item = std::io::Result<AuthorityFix<UnixStream>>> {
+    UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFix::new))
+}
+
+/// The connections accepted on the socket at `path`, each wrapped in [`AuthorityFix`]; when the
+/// socket file disappears, it is bound again (a file that is there, even another process's
+/// socket, is left alone). Ends when `stop` completes.
+fn incoming_rebinding(
+    path: PathBuf,
+    listener: UnixListener,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> impl Stream<Item = std::io::Result<AuthorityFix<UnixStream>>> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let mut listener = listener;
+        let mut check = tokio::time::interval(SOCKET_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                accepted = listener.accept() => {
+                    if tx.send(accepted.map(|(conn, _)| AuthorityFix::new(conn))).await.is_err() {
+                        break;
+                    }
+                }
+                _ = check.tick() => {
+                    let gone = matches!(std::fs::symlink_metadata(&path),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+                    if gone {
+                        match bind_unix(&path) {
+                            Ok(bound) => {
+                                tracing::warn!(socket = %path.display(),
+                                    "registration socket was removed; bound it again");
+                                listener = bound;
+                            }
+                            Err(error) => tracing::error!(%error,
+                                "cannot recreate the registration socket; retrying"),
+                        }
+                    }
+                }
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
 /// Serves the services `config.services` selects on `config.endpoint` (plus the kubelet
 /// registration socket when configured and the node service runs) until `shutdown` completes,
 /// then removes the socket files.
@@ -113,7 +176,7 @@ pub async fn serve(
         .add_optional_service(controller)
         .add_optional_service(group_controller)
         .add_optional_service(node)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopped(stop_rx.clone()));
+        .serve_with_incoming_shutdown(incoming(listener), stopped(stop_rx.clone()));
 
     let registration = match (&config.registration, config.services.node()) {
         (Some(reg), true) => {
@@ -129,7 +192,7 @@ pub async fn serve(
             let server = Server::builder()
                 .add_service(service)
                 .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(listener),
+                    incoming_rebinding(socket.clone(), listener, stopped(stop_rx.clone())),
                     stopped(stop_rx.clone()),
                 );
             Some((socket, server))
