@@ -13,7 +13,9 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::{ImageSpec, Key, MapError, MappedDevice, Mapper, Mapping, MounterKind, blocking};
+use super::{
+    ImageSpec, Key, MapError, MappedDevice, Mapper, Mapping, MounterKind, blocking, options,
+};
 
 /// `rbd map` / `rbd unmap`.
 #[derive(Debug, Clone)]
@@ -108,6 +110,21 @@ pub fn map_args(image: &ImageSpec, keyfile: &Path, map_options: Option<&str>) ->
     args
 }
 
+/// The `rbd map -o` value for `image`: the node's options (`--krbd-map-options`), then the
+/// volume's (`mapOptions`, winning for an option both set), and `ms_mode=prefer-crc` when neither
+/// sets `ms_mode` and the monitors have no msgr1 address ([`options::default_ms_mode`]).
+#[must_use]
+pub fn effective_map_options(node: Option<&str>, image: &ImageSpec) -> Option<String> {
+    let merged = options::merge(&[node, image.map_options.as_deref()]);
+    if options::sets(merged.as_deref(), "ms_mode") {
+        return merged;
+    }
+    match options::default_ms_mode(&image.monitors) {
+        Some(mode) => options::merge(&[merged.as_deref(), Some(&format!("ms_mode={mode}"))]),
+        None => merged,
+    }
+}
+
 impl KrbdMapper {
     /// Runs `program` instead of `rbd` (tests, or a wrapper script).
     #[must_use]
@@ -139,7 +156,8 @@ impl Mapper for KrbdMapper {
     }
 
     async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError> {
-        let options = self.map_options.as_deref();
+        let options = effective_map_options(self.map_options.as_deref(), image);
+        let options = options.as_deref();
         let existing = self.current_mappings().await?;
         super::cli::map(
             &self.program,
@@ -156,7 +174,11 @@ impl Mapper for KrbdMapper {
 
     async fn unmap(&self, mapped: &MappedDevice, image: &ImageSpec) -> Result<(), MapError> {
         let current = self.current_mappings().await?;
-        super::cli::unmap(&self.program, mapped, image, &current).await
+        let extra = match image.unmap_options.as_deref().filter(|o| !o.is_empty()) {
+            Some(options) => vec!["-o".to_owned(), options.to_owned()],
+            None => Vec::new(),
+        };
+        super::cli::unmap(&self.program, mapped, image, &current, &extra).await
     }
 }
 
@@ -206,6 +228,8 @@ mod tests {
             namespace: String::new(),
             image: name.into(),
             user: "admin".into(),
+            map_options: None,
+            unmap_options: None,
         }
     }
 
@@ -316,6 +340,8 @@ mod tests {
             namespace: String::new(),
             image: "pvc-1".into(),
             user: "kube".into(),
+            map_options: None,
+            unmap_options: None,
         }
     }
 
@@ -343,6 +369,58 @@ mod tests {
         assert_eq!(
             map_args(&namespaced, Path::new("/k"), None)[1],
             "kube/tenant/pvc-1"
+        );
+    }
+
+    #[test]
+    fn ms_mode_is_added_for_msgr2_only_monitors_unless_configured() {
+        let mut image = spec(); // port 6789: msgr1
+        assert_eq!(
+            effective_map_options(Some("noudev"), &image).as_deref(),
+            Some("noudev")
+        );
+        image.monitors = "127.0.0.1:40000".into(); // msgr2 only, as the rbd CLI reads it
+        assert_eq!(
+            effective_map_options(None, &image).as_deref(),
+            Some("ms_mode=prefer-crc")
+        );
+        assert_eq!(
+            effective_map_options(Some("noudev"), &image).as_deref(),
+            Some("noudev,ms_mode=prefer-crc")
+        );
+        // configured on the node or the volume: kept as given; the volume wins
+        image.map_options = Some("ms_mode=secure".into());
+        assert_eq!(
+            effective_map_options(Some("ms_mode=crc,noudev"), &image).as_deref(),
+            Some("noudev,ms_mode=secure")
+        );
+        image.map_options = None;
+        assert_eq!(
+            effective_map_options(Some("ms_mode=legacy"), &image).as_deref(),
+            Some("ms_mode=legacy")
+        );
+    }
+
+    #[tokio::test]
+    async fn unmap_passes_the_volume_unmap_options() {
+        let root = fake_root(&[(3, "kube", "", "pvc-1", "-")]);
+        let dir = root.path();
+        let script = fake::program(dir, "fake-rbd-args", "", "echo \"$@\" >> \"$d/args\"");
+        let mapper = KrbdMapper::new(dir.join("keys"), None)
+            .with_program(script)
+            .with_root(dir);
+        let mut image = image("kube", "pvc-1");
+        image.unmap_options = Some("force".into());
+        let recorded = MappedDevice {
+            mounter: MounterKind::Krbd,
+            device: dir.join("dev/rbd3"),
+            fuse: None,
+        };
+        mapper.unmap(&recorded, &image).await.unwrap();
+        let args = std::fs::read_to_string(dir.join("args")).unwrap();
+        assert_eq!(
+            args,
+            format!("unmap {} -o force\n", dir.join("dev/rbd3").display())
         );
     }
 
