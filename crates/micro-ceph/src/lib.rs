@@ -52,6 +52,9 @@ pub struct MicroCeph {
     pub dir: PathBuf,
     /// `host:port` list, as a StorageClass `monitors` parameter takes it.
     pub monitors: String,
+    /// The mon's msgr1 address (`v1:127.0.0.1:PORT`) of a cluster started with `MSGR1=1`
+    /// ([`MicroCeph::start_with`]); `None` for the default msgr2-only cluster.
+    pub monitors_v1: Option<String>,
     /// The `client.admin` key (base64). Test-only secret.
     pub admin_key: String,
     /// A replicated pool initialised for RBD.
@@ -90,6 +93,12 @@ pub fn cluster() -> &'static MicroCeph {
 impl MicroCeph {
     /// Starts a new cluster owned by the caller; it is stopped when the value is dropped.
     pub fn start() -> Result<MicroCeph, Error> {
+        Self::start_with(&[])
+    }
+
+    /// Like [`MicroCeph::start`], with extra `micro-ceph.sh` settings (`("MSGR1", "1")` for a
+    /// cluster that also speaks msgr1).
+    pub fn start_with(settings: &[(&str, &str)]) -> Result<MicroCeph, Error> {
         let (mon_port, lock) = claim_port()?;
         // The pid makes the directory this process's own: a guardian left by an earlier test
         // binary that used the same port stops only that binary's cluster, never ours.
@@ -99,6 +108,7 @@ impl MicroCeph {
         let out = Command::new(scripts.join("micro-ceph.sh"))
             .arg(&dir)
             .env("MON_PORT", mon_port.to_string())
+            .envs(settings.iter().copied())
             .stdin(Stdio::null())
             .output()
             .map_err(|source| Error::Io {
@@ -131,6 +141,7 @@ impl MicroCeph {
         };
         Ok(MicroCeph {
             monitors: get("CEPH_MON_HOST")?,
+            monitors_v1: env_value(&env, "CEPH_MON_HOST_V1"),
             admin_key: get("CEPH_ADMIN_KEY")?,
             pool: get("MICRO_CEPH_POOL")?,
             conf_path: PathBuf::from(get("CEPH_CONF")?),

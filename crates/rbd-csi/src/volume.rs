@@ -36,6 +36,10 @@ pub mod context {
     pub const USER: &str = "userID";
     /// Which mapper stages the volume (`rbd`/`krbd`, `rbd-nbd`, `fuse`).
     pub const MOUNTER: &str = "mounter";
+    /// Map options in ceph-csi's syntax (`krbd:opt,opt;nbd:opt`), the class's `mapOptions`.
+    pub const MAP_OPTIONS: &str = "mapOptions";
+    /// Unmap options in the same syntax, the class's `unmapOptions`.
+    pub const UNMAP_OPTIONS: &str = "unmapOptions";
 }
 
 /// Size of a volume created without a capacity request.

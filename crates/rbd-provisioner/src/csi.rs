@@ -30,6 +30,12 @@ pub struct CsiArgs {
     /// Mapper for volumes whose class names none: rbd (krbd), rbd-nbd or fuse (rbd-fuse + loop).
     #[arg(long, default_value = "rbd", value_parser = MounterKind::parse)]
     pub default_mounter: MounterKind,
+    /// `rbd map -o` options for every krbd volume of this node (e.g. `noudev` in a container,
+    /// `ms_mode=secure`); a class's `mapOptions` win for an option both set. Without `ms_mode`
+    /// here or in the class, krbd maps monitors that have no msgr1 address with
+    /// `ms_mode=prefer-crc`.
+    #[arg(long, value_parser = krbd_map_options)]
+    pub krbd_map_options: Option<String>,
     /// Private runtime directory for key files and rbd-fuse instances; keep it on tmpfs.
     #[arg(long, default_value = "/run/rbd-csi")]
     pub runtime_dir: PathBuf,
@@ -141,6 +147,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         node_id,
         default_mounter: args.default_mounter,
         runtime_dir: args.runtime_dir,
+        krbd_map_options: args.krbd_map_options,
         registration: args.register.then_some(RegistrationConfig {
             registry_dir: args.registry_dir,
             kubelet_endpoint: args.kubelet_endpoint,
@@ -156,4 +163,15 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, ceph_client = %ceph_rbd::key::client_version(), "starting CSI driver");
     rbd_csi::serve(config, crate::run::shutdown_signal()).await?;
     Ok(())
+}
+
+/// `--krbd-map-options`: krbd map options, checked as a class's `krbd:` entry would be.
+fn krbd_map_options(value: &str) -> Result<String, String> {
+    let parsed = rbd_csi::mapper::options::parse(
+        "--krbd-map-options",
+        rbd_csi::mapper::options::Which::Map,
+        &format!("krbd:{value}"),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(parsed.krbd.unwrap_or_default())
 }

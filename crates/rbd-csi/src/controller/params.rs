@@ -11,6 +11,7 @@
 //! | `imageFeatures` | librbd default | comma list (`layering,exclusive-lock,object-map,fast-diff,deep-flatten,journaling`) |
 //! | `userID` / `userId` | none | Ceph user nodes map with (into `volume_context`; else the node-stage secret's `userID`) |
 //! | `mounter` | node default | `rbd`/`krbd`, `rbd-nbd`, `fuse` (into `volume_context`) |
+//! | `mapOptions` / `unmapOptions` | none | ceph-csi's `krbd:opt,opt;nbd:opt`, checked option by option ([`crate::mapper::options`]; into `volume_context`) |
 //! | `csi.storage.k8s.io/fstype` | none | checked: `ext4` or `xfs` |
 //! | other `csi.storage.k8s.io/*` | | ignored, except `pvc/name` + `pvc/namespace`, recorded as the owner claim |
 //!
@@ -28,7 +29,7 @@ use rbd_volume::topology::{self, ConstrainedPool};
 use tonic::Status;
 
 use crate::fs::FsType;
-use crate::mapper::MounterKind;
+use crate::mapper::{MounterKind, options};
 
 /// What `CreateVolume`'s parameters ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +46,10 @@ pub struct CreateParams {
     pub image_features: Option<String>,
     pub node_user: Option<String>,
     pub mounter: Option<MounterKind>,
+    /// `mapOptions` (ceph-csi's `krbd:opt,opt;nbd:opt`), checked, into `volume_context`.
+    pub map_options: Option<String>,
+    /// `unmapOptions`, likewise.
+    pub unmap_options: Option<String>,
     /// `namespace/name` of the claim, when the external-provisioner passes it.
     pub claim: Option<String>,
 }
@@ -68,6 +73,8 @@ pub fn create_params(
         image_features: None,
         node_user: None,
         mounter: None,
+        map_options: None,
+        unmap_options: None,
         claim: None,
     };
     let mut monitors = None;
@@ -102,6 +109,20 @@ pub fn create_params(
                         Status::invalid_argument(format!("parameters.mounter: {e}"))
                     })?);
             }
+            "mapOptions" | "unmapOptions" => {
+                let which = if key == "mapOptions" {
+                    options::Which::Map
+                } else {
+                    options::Which::Unmap
+                };
+                options::check_parameter(which, value)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                let slot = match which {
+                    options::Which::Map => &mut params.map_options,
+                    options::Which::Unmap => &mut params.unmap_options,
+                };
+                *slot = Some(value.to_owned()).filter(|v| !v.is_empty());
+            }
             "csi.storage.k8s.io/fstype" => {
                 FsType::parse(value)
                     .map_err(|e| Status::invalid_argument(format!("parameters.{key}: {e}")))?;
@@ -113,7 +134,7 @@ pub fn create_params(
                 return Err(Status::invalid_argument(format!(
                     "unknown parameter {other:?} (known: monitors, clusterID, pool, \
                      radosNamespace, topologyConstrainedPools, dataPool, imageFeatures, userID, \
-                     mounter, csi.storage.k8s.io/*)"
+                     mounter, mapOptions, unmapOptions, csi.storage.k8s.io/*)"
                 )));
             }
         }
@@ -227,6 +248,38 @@ mod tests {
         assert_eq!(p.node_user.as_deref(), Some("kube"));
         assert_eq!(p.mounter, Some(MounterKind::FuseLoop));
         assert_eq!(p.claim.as_deref(), Some("apps/data"));
+    }
+
+    #[test]
+    fn map_options_are_checked_and_kept_for_the_volume_context() {
+        let p = create_params(
+            &map(&[
+                ("mapOptions", "krbd:ms_mode=secure;nbd:try-netlink"),
+                ("unmapOptions", "krbd:force"),
+            ]),
+            Some("m:1"),
+        )
+        .unwrap();
+        assert_eq!(
+            p.map_options.as_deref(),
+            Some("krbd:ms_mode=secure;nbd:try-netlink")
+        );
+        assert_eq!(p.unmap_options.as_deref(), Some("krbd:force"));
+        let err = create_params(
+            &map(&[("mapOptions", "krbd:queue_depth=8,bogus")]),
+            Some("m"),
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            err.message(),
+            "parameters.mapOptions: unknown krbd map option \"bogus\""
+        );
+        let err = create_params(&map(&[("unmapOptions", "krbd:secret=x")]), Some("m")).unwrap_err();
+        assert!(
+            err.message()
+                .starts_with("parameters.unmapOptions: option \"secret\"")
+        );
     }
 
     #[test]

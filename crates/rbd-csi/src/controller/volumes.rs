@@ -103,6 +103,12 @@ fn volume_context(
     if let Some(m) = params.mounter {
         volume_context.insert(context::MOUNTER.to_owned(), m.as_str().to_owned());
     }
+    if let Some(o) = &params.map_options {
+        volume_context.insert(context::MAP_OPTIONS.to_owned(), o.clone());
+    }
+    if let Some(o) = &params.unmap_options {
+        volume_context.insert(context::UNMAP_OPTIONS.to_owned(), o.clone());
+    }
     volume_context
 }
 

@@ -61,6 +61,7 @@ pub(crate) async fn unmap(
     mapped: &MappedDevice,
     image: &ImageSpec,
     mappings: &[Mapping],
+    extra: &[String],
 ) -> Result<(), MapError> {
     if let Some(other) = mappings
         .iter()
@@ -74,6 +75,9 @@ pub(crate) async fn unmap(
         tracing::info!(device = %mapped.device.display(), image = %image, "image is not mapped; nothing to unmap");
         return Ok(());
     };
-    exec::run(program, &["unmap", &device.to_string_lossy()]).await?;
+    let device = device.to_string_lossy();
+    let mut argv = vec!["unmap", device.as_ref()];
+    argv.extend(extra.iter().map(String::as_str));
+    exec::run(program, &argv).await?;
     Ok(())
 }

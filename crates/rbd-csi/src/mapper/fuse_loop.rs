@@ -518,6 +518,8 @@ mod tests {
             namespace: String::new(),
             image: "img".into(),
             user: user.into(),
+            map_options: None,
+            unmap_options: None,
         }
     }
 

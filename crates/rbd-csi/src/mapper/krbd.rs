@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use super::{
     ImageSpec, Key, MapError, MapOptions, MappedDevice, Mapper, Mapping, MounterKind, blocking,
+    options,
 };
 
 /// `rbd map` / `rbd unmap`.
@@ -111,6 +112,21 @@ pub fn map_args(image: &ImageSpec, keyfile: &Path, map_options: Option<&str>) ->
     args
 }
 
+/// The `rbd map -o` value for `image`: the node's options (`--krbd-map-options`), then the
+/// volume's (`mapOptions`, winning for an option both set), and `ms_mode=prefer-crc` when neither
+/// sets `ms_mode` and the monitors have no msgr1 address ([`options::default_ms_mode`]).
+#[must_use]
+pub fn effective_map_options(node: Option<&str>, image: &ImageSpec) -> Option<String> {
+    let merged = options::merge(&[node, image.map_options.as_deref()]);
+    if options::sets(merged.as_deref(), "ms_mode") {
+        return merged;
+    }
+    match options::default_ms_mode(&image.monitors) {
+        Some(mode) => options::merge(&[merged.as_deref(), Some(&format!("ms_mode={mode}"))]),
+        None => merged,
+    }
+}
+
 impl KrbdMapper {
     /// Runs `program` instead of `rbd` (tests, or a wrapper script).
     #[must_use]
@@ -152,7 +168,8 @@ impl Mapper for KrbdMapper {
         key: &Key,
         options: &MapOptions,
     ) -> Result<MappedDevice, MapError> {
-        let map_options = self.map_options.as_deref();
+        let map_options = effective_map_options(self.map_options.as_deref(), image);
+        let map_options = map_options.as_deref();
         let fsid = options.cluster_fsid.as_deref();
         let mut existing = self.current_mappings().await?;
         existing.retain(|m| m.in_cluster(fsid));
@@ -188,7 +205,11 @@ impl Mapper for KrbdMapper {
         let fsid = options.cluster_fsid.as_deref();
         let mut current = self.current_mappings().await?;
         current.retain(|m| m.in_cluster(fsid));
-        super::cli::unmap(&self.program, mapped, image, &current).await
+        let extra = match image.unmap_options.as_deref().filter(|o| !o.is_empty()) {
+            Some(options) => vec!["-o".to_owned(), options.to_owned()],
+            None => Vec::new(),
+        };
+        super::cli::unmap(&self.program, mapped, image, &current, &extra).await
     }
 }
 
@@ -238,6 +259,8 @@ mod tests {
             namespace: String::new(),
             image: name.into(),
             user: "admin".into(),
+            map_options: None,
+            unmap_options: None,
         }
     }
 
@@ -348,6 +371,8 @@ mod tests {
             namespace: String::new(),
             image: "pvc-1".into(),
             user: "kube".into(),
+            map_options: None,
+            unmap_options: None,
         }
     }
 
@@ -375,6 +400,58 @@ mod tests {
         assert_eq!(
             map_args(&namespaced, Path::new("/k"), None)[1],
             "kube/tenant/pvc-1"
+        );
+    }
+
+    #[test]
+    fn ms_mode_is_added_for_msgr2_only_monitors_unless_configured() {
+        let mut image = spec(); // port 6789: msgr1
+        assert_eq!(
+            effective_map_options(Some("noudev"), &image).as_deref(),
+            Some("noudev")
+        );
+        image.monitors = "127.0.0.1:40000".into(); // msgr2 only, as the rbd CLI reads it
+        assert_eq!(
+            effective_map_options(None, &image).as_deref(),
+            Some("ms_mode=prefer-crc")
+        );
+        assert_eq!(
+            effective_map_options(Some("noudev"), &image).as_deref(),
+            Some("noudev,ms_mode=prefer-crc")
+        );
+        // configured on the node or the volume: kept as given; the volume wins
+        image.map_options = Some("ms_mode=secure".into());
+        assert_eq!(
+            effective_map_options(Some("ms_mode=crc,noudev"), &image).as_deref(),
+            Some("noudev,ms_mode=secure")
+        );
+        image.map_options = None;
+        assert_eq!(
+            effective_map_options(Some("ms_mode=legacy"), &image).as_deref(),
+            Some("ms_mode=legacy")
+        );
+    }
+
+    #[tokio::test]
+    async fn unmap_passes_the_volume_unmap_options() {
+        let root = fake_root(&[(3, "kube", "", "pvc-1", "-")]);
+        let dir = root.path();
+        let script = fake::program(dir, "fake-rbd-args", "", "echo \"$@\" >> \"$d/args\"");
+        let mapper = KrbdMapper::new(dir.join("keys"), None)
+            .with_program(script)
+            .with_root(dir);
+        let mut image = image("kube", "pvc-1");
+        image.unmap_options = Some("force".into());
+        let recorded = MappedDevice {
+            mounter: MounterKind::Krbd,
+            device: dir.join("dev/rbd3"),
+            fuse: None,
+        };
+        mapper.unmap(&recorded, &image).await.unwrap();
+        let args = std::fs::read_to_string(dir.join("args")).unwrap();
+        assert_eq!(
+            args,
+            format!("unmap {} -o force\n", dir.join("dev/rbd3").display())
         );
     }
 

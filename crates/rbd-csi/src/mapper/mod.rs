@@ -18,6 +18,7 @@ pub mod fuse_loop;
 pub mod krbd;
 pub mod loop_device;
 pub mod nbd;
+pub mod options;
 pub mod secret_file;
 
 use std::fmt;
@@ -87,6 +88,14 @@ pub struct ImageSpec {
     pub image: String,
     /// Ceph user id without the `client.` prefix.
     pub user: String,
+    /// This volume's map options for its mapper (the volume context's `mapOptions`, checked;
+    /// [`options`]); the node's own (`--krbd-map-options`) come first, these win.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map_options: Option<String>,
+    /// This volume's unmap options for its mapper (`unmapOptions`), kept in the staging record
+    /// so the unstage that runs later uses them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmap_options: Option<String>,
 }
 
 impl ImageSpec {

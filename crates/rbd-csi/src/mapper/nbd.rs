@@ -38,7 +38,7 @@ impl NbdMapper {
 /// The `rbd-nbd map` arguments (pure, no key: only the key file's path).
 #[must_use]
 pub fn map_args(image: &ImageSpec, keyfile: &Path) -> Vec<String> {
-    vec![
+    let mut args = vec![
         "map".to_owned(),
         image.spec(),
         "--id".to_owned(),
@@ -47,7 +47,9 @@ pub fn map_args(image: &ImageSpec, keyfile: &Path) -> Vec<String> {
         image.monitors.clone(),
         "--keyfile".to_owned(),
         keyfile.to_string_lossy().into_owned(),
-    ]
+    ];
+    args.extend(super::options::nbd_flags(image.map_options.as_deref()));
+    args
 }
 
 impl NbdMapper {
@@ -143,7 +145,7 @@ impl Mapper for NbdMapper {
 
     async fn unmap(&self, mapped: &MappedDevice, image: &ImageSpec) -> Result<(), MapError> {
         let current = self.current_mappings().await?;
-        super::cli::unmap(&self.program, mapped, image, &current).await
+        super::cli::unmap(&self.program, mapped, image, &current, &[]).await
     }
 }
 
@@ -163,6 +165,8 @@ mod tests {
             namespace: String::new(),
             image: name.into(),
             user: "admin".into(),
+            map_options: None,
+            unmap_options: None,
         }
     }
 
@@ -259,6 +263,8 @@ mod tests {
             namespace: String::new(),
             image: "img".into(),
             user: "admin".into(),
+            map_options: None,
+            unmap_options: None,
         };
         let args = map_args(&spec, Path::new("/dev/shm/k"));
         assert_eq!(
@@ -294,6 +300,8 @@ mod tests {
             namespace: String::new(),
             image: "img".into(),
             user: "admin".into(),
+            map_options: None,
+            unmap_options: None,
         };
         let err = mapper
             .map(&spec, &Key::new("AQBsecret=="))

@@ -110,6 +110,8 @@ mod tests {
                 namespace: String::new(),
                 image: "i".into(),
                 user: "u".into(),
+                map_options: None,
+                unmap_options: None,
             },
             mapped: MappedDevice {
                 mounter: MounterKind::Krbd,

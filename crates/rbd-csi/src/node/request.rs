@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use tonic::Status;
 
 use crate::fs::FsType;
-use crate::mapper::{ImageSpec, Key, MounterKind};
+use crate::mapper::{ImageSpec, Key, MounterKind, options};
 use crate::proto::csi::VolumeCapability;
 use crate::proto::csi::volume_capability::AccessType;
 use crate::proto::csi::volume_capability::access_mode::Mode;
@@ -247,6 +247,12 @@ pub fn stage_params(
             .map_err(|e| Status::invalid_argument(format!("volume_context.mounter: {e}")))?,
         None => default_mounter,
     };
+    let options = |which, key| {
+        options::for_volume(which, first(volume_context, &[key]), mounter)
+            .map_err(|e| Status::invalid_argument(e.to_string()))
+    };
+    let map_options = options(options::Which::Map, context::MAP_OPTIONS)?;
+    let unmap_options = options(options::Which::Unmap, context::UNMAP_OPTIONS)?;
     Ok(StageParams {
         image: ImageSpec {
             monitors,
@@ -254,6 +260,8 @@ pub fn stage_params(
             namespace,
             image,
             user,
+            map_options,
+            unmap_options,
         },
         mounter,
         key: Key::new(key),
