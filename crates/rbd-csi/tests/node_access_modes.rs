@@ -71,6 +71,14 @@ async fn a_reader_only_volume_is_mapped_and_mounted_read_only_and_never_grown() 
         size, written_size,
         "the filesystem was grown (resize2fs ran)"
     );
+    let err = vol.expand(128 << 20).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("read-only"), "{}", err.message());
+    let size = bytes_usage(&vol.stats().await.unwrap(), Unit::Bytes).total;
+    assert_eq!(
+        size, written_size,
+        "NodeExpandVolume grew a read-only volume"
+    );
     // The same staging path asked for read-write is another staging.
     let mut rw = Volume::new(&server, &image, mount_cap("ext4")).await;
     assert_eq!(

@@ -51,7 +51,10 @@ fn the_base_renders_a_leader_elected_deployment_with_least_privilege() {
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     // What the "restricted" Pod Security level requires of the pod and its container.
-    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
     let container = &pod["containers"][0]["securityContext"];
     assert_eq!(container["allowPrivilegeEscalation"], false);
     assert_eq!(container["capabilities"]["drop"][0], "ALL");

@@ -157,6 +157,14 @@ fn mapping_problem(mapped: &MappedDevice) -> Option<String> {
 
 /// The mapped device behind `volume_path`: from the staging record when the staging path is
 /// known, else from the mount table (and, for a loop device, its backing rbd-fuse file).
+/// Whether the kernel marks the block device read-only (`/sys/block/<name>/ro`).
+fn read_only_device(device: &Path) -> bool {
+    device.file_name().is_some_and(|name| {
+        std::fs::read_to_string(Path::new("/sys/block").join(name).join("ro"))
+            .is_ok_and(|ro| ro.trim() == "1")
+    })
+}
+
 fn mapped_device(staging: Option<&Path>, volume_path: &Path) -> Result<MappedDevice, Status> {
     if let Some(staging) = staging
         && let Some(rec) =
@@ -224,6 +232,13 @@ pub(super) async fn expand(
         (!req.staging_target_path.is_empty()).then(|| PathBuf::from(&req.staging_target_path));
     let path = volume_path.clone();
     let mapped = blocking(move || mapped_device(staging.as_deref(), &path)).await?;
+    if read_only_device(&mapped.device) {
+        return Err(Status::failed_precondition(format!(
+            "{} is mapped read-only (a reader-only volume): it is not grown; a writable stage \
+             grows it",
+            mapped.device.display()
+        )));
+    }
     let required = req
         .capacity_range
         .as_ref()
