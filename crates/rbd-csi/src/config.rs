@@ -120,6 +120,10 @@ pub struct CsiConfig {
     /// node's value of each of `topology_labels` ([`rbd_volume::topology::node_topology`]).
     /// Default empty.
     pub node_topology: BTreeMap<String, String>,
+    /// Cgroup directories the rbd-fuse and rbd-nbd daemons are started in (host cgroups, so a
+    /// restart of the plugin's container does not kill them; [`crate::mapper::daemon`]).
+    /// Default none: the daemons only get a session of their own.
+    pub daemon_cgroups: Vec<PathBuf>,
 }
 
 impl Default for CsiConfig {
@@ -138,6 +142,7 @@ impl Default for CsiConfig {
             default_monitors: None,
             cluster_config: None,
             topology_labels: Vec::new(),
+            daemon_cgroups: Vec::new(),
             node_topology: BTreeMap::new(),
         }
     }
@@ -185,6 +190,9 @@ impl CsiConfig {
             max_volumes_per_node: self.max_volumes_per_node,
             cluster_config: self.cluster_config.clone(),
             topology: self.node_topology.clone(),
+            daemons: crate::mapper::daemon::DaemonPlacement::in_cgroups(
+                self.daemon_cgroups.clone(),
+            ),
         }
     }
 }

@@ -345,6 +345,7 @@ async fn concurrent_calls_on_one_volume_are_aborted_other_volumes_proceed() {
             max_volumes_per_node: 0,
             cluster_config: None,
             topology: Default::default(),
+            daemons: Default::default(),
         },
         vec![Arc::new(GateMapper {
             entered: Arc::clone(&entered),
