@@ -103,7 +103,7 @@ struct Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         for cgroup in &self.cgroups {
-            if cgroup.exists() && !cgroup.ends_with("daemons") {
+            if cgroup.exists() && !cgroup.to_string_lossy().ends_with("-daemons") {
                 kill_all(cgroup, None);
             }
         }
