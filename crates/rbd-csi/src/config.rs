@@ -124,6 +124,10 @@ pub struct CsiConfig {
     /// intermediate the controller makes and compared by its deletes (an image recorded for
     /// another Kubernetes cluster is refused). Default empty: not recorded, not compared.
     pub kube_cluster: String,
+    /// Cgroup directories the rbd-fuse and rbd-nbd daemons are started in (host cgroups, so a
+    /// restart of the plugin's container does not kill them; [`crate::mapper::daemon`]).
+    /// Default none: the daemons only get a session of their own.
+    pub daemon_cgroups: Vec<PathBuf>,
 }
 
 impl Default for CsiConfig {
@@ -142,6 +146,7 @@ impl Default for CsiConfig {
             default_monitors: None,
             cluster_config: None,
             topology_labels: Vec::new(),
+            daemon_cgroups: Vec::new(),
             node_topology: BTreeMap::new(),
             kube_cluster: String::new(),
         }
@@ -190,6 +195,9 @@ impl CsiConfig {
             max_volumes_per_node: self.max_volumes_per_node,
             cluster_config: self.cluster_config.clone(),
             topology: self.node_topology.clone(),
+            daemons: crate::mapper::daemon::DaemonPlacement::in_cgroups(
+                self.daemon_cgroups.clone(),
+            ),
         }
     }
 }

@@ -71,9 +71,23 @@ pub async fn run_with_timeout(
     args: &[&str],
     timeout: Duration,
 ) -> Result<Output, ExecError> {
-    let command = describe(program, args);
-    tracing::debug!(command = %command, "running helper");
-    let child = Command::new(program)
+    run_command(Command::new(program), program, args, timeout).await
+}
+
+/// Runs `command` (made for `program`, for instance with
+/// [`crate::mapper::daemon::DaemonPlacement::command`]) with `args`, killing it after `timeout`.
+///
+/// # Errors
+/// [`ExecError`] when the program cannot start, times out or exits non-zero.
+pub async fn run_command(
+    mut command: Command,
+    program: &str,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<Output, ExecError> {
+    let description = describe(program, args);
+    tracing::debug!(command = %description, "running helper");
+    let child = command
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -84,6 +98,7 @@ pub async fn run_with_timeout(
             program: program.to_owned(),
             source,
         })?;
+    let command = description;
     let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
         Ok(result) => result.map_err(|source| ExecError::Spawn {
             program: program.to_owned(),

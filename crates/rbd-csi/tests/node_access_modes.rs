@@ -136,6 +136,7 @@ impl OtherNode {
             max_volumes_per_node: 0,
             cluster_config: None,
             topology: Default::default(),
+            daemons: Default::default(),
         })
         .with_local_addresses(HashSet::new());
         let cleanup = NodeCleanup {

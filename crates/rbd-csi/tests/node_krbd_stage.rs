@@ -62,6 +62,7 @@ esac
             max_volumes_per_node: 0,
             cluster_config: None,
             topology: Default::default(),
+            daemons: Default::default(),
         },
         vec![krbd],
     )

@@ -116,6 +116,7 @@ esac
             max_volumes_per_node: 0,
             cluster_config: None,
             topology: Default::default(),
+            daemons: Default::default(),
         },
         vec![krbd],
     )

@@ -345,6 +345,7 @@ async fn concurrent_calls_on_one_volume_are_aborted_other_volumes_proceed() {
             max_volumes_per_node: 0,
             cluster_config: None,
             topology: Default::default(),
+            daemons: Default::default(),
         },
         vec![Arc::new(GateMapper {
             entered: Arc::clone(&entered),
@@ -466,6 +467,7 @@ fn key_files_a_killed_plugin_left_are_swept_at_startup() {
         max_volumes_per_node: 0,
         cluster_config: None,
         topology: Default::default(),
+        daemons: Default::default(),
     });
     assert!(!leftover.exists(), "a leftover key file survived startup");
     assert!(in_flight.exists(), "a key file of this process was removed");

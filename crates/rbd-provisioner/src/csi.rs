@@ -39,6 +39,12 @@ pub struct CsiArgs {
     /// Private runtime directory for key files and rbd-fuse instances; keep it on tmpfs.
     #[arg(long, default_value = "/run/rbd-csi")]
     pub runtime_dir: PathBuf,
+    /// Cgroup directories (each with a `cgroup.procs`) the rbd-fuse and rbd-nbd daemons start
+    /// in, so that they outlive a restart of the plugin's container: host cgroups, one per
+    /// cgroup v1 hierarchy or one with cgroup v2; created when missing. Repeat or separate with
+    /// commas. Default none (the daemons only get a session of their own).
+    #[arg(long, value_delimiter = ',')]
+    pub daemon_cgroup: Vec<PathBuf>,
     /// Register with the kubelet through its plugin registry (node service; replaces the
     /// node-driver-registrar sidecar).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set)]
@@ -158,6 +164,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         topology_labels,
         node_topology,
         kube_cluster: args.kube.kube_cluster_id.clone().unwrap_or_default(),
+        daemon_cgroups: args.daemon_cgroup,
         ..defaults
     };
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, ceph_client = %ceph_rbd::key::client_version(), "starting CSI driver");

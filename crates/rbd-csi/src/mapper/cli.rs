@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use super::daemon::DaemonPlacement;
 use super::secret_file::SecretFile;
 use super::{
     ImageSpec, Key, MapError, MappedDevice, Mapping, MounterKind, device_to_unmap, find_mapping,
@@ -26,6 +27,34 @@ pub(crate) async fn map(
     mappings: &[Mapping],
     args: impl FnOnce(&Path) -> Vec<String>,
 ) -> Result<MappedDevice, MapError> {
+    map_placed(
+        program,
+        display_name,
+        kind,
+        key_dir,
+        key,
+        image,
+        mappings,
+        args,
+        None,
+    )
+    .await
+}
+
+/// [`map`], the helper started with `placement` (a helper that daemonizes, like `rbd-nbd map`,
+/// leaves its daemon there).
+#[allow(clippy::too_many_arguments)] // as `map`
+pub(crate) async fn map_placed(
+    program: &str,
+    display_name: &'static str,
+    kind: MounterKind,
+    key_dir: &Path,
+    key: &Key,
+    image: &ImageSpec,
+    mappings: &[Mapping],
+    args: impl FnOnce(&Path) -> Vec<String>,
+    placement: Option<&DaemonPlacement>,
+) -> Result<MappedDevice, MapError> {
     if let Some(existing) = find_mapping(mappings, image) {
         tracing::info!(image = %image, device = %existing.device.display(), mounter = %kind,
             "image is mapped already; reusing its device");
@@ -43,9 +72,19 @@ pub(crate) async fn map(
         .map_err(|e| MapError::io("writing key file in", key_dir.display(), e))?;
     let args = args(keyfile.path());
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = exec::run(program, &argv)
-        .await
-        .map_err(|e| redact_exec(e, key))?;
+    let out = match placement {
+        Some(placement) => {
+            exec::run_command(
+                placement.command(program)?,
+                program,
+                &argv,
+                exec::DEFAULT_TIMEOUT,
+            )
+            .await
+        }
+        None => exec::run(program, &argv).await,
+    }
+    .map_err(|e| redact_exec(e, key))?;
     drop(keyfile);
     Ok(MappedDevice {
         mounter: kind,

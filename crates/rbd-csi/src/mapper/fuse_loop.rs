@@ -4,7 +4,9 @@
 //! 1. One `rbd-fuse` instance per (monitors, pool, user) serves every image of that pool as a
 //!    file. Its directory `<runtime>/fuse/<hash>/` (mode 0700) holds a private `ceph.conf` and
 //!    `keyring` (both 0600, the key never on argv), the mount point `mnt/` and `rbd-fuse.log`.
-//!    The first map starts `rbd-fuse -f` as a child of the plugin and waits for the mount.
+//!    The first map starts `rbd-fuse -f` as a child of the plugin, in a session of its own (and
+//!    the configured host cgroups, [`super::daemon`]) so that it outlives the plugin, and waits
+//!    for the mount.
 //! 2. `losetup -f --show <mnt>/<image>` attaches the image file to a free loop device (an
 //!    existing loop device on that file is reused, so a repeated map is idempotent).
 //!
@@ -31,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex, oneshot};
 
+use super::daemon::DaemonPlacement;
 use super::loop_device::{backing_file, loop_device_for, loop_devices_under, wait_detached};
 use super::secret_file::{private_dir, write_private};
 use super::{
@@ -68,6 +71,8 @@ pub struct FuseLoopMapper {
     /// One lock per rbd-fuse instance (by instance directory): calls on one instance are
     /// serialised, other instances (pools, users, clusters) proceed in parallel.
     instances: std::sync::Mutex<HashMap<PathBuf, Arc<Mutex<Instance>>>>,
+    /// Where `rbd-fuse` starts ([`super::daemon`]).
+    placement: DaemonPlacement,
 }
 
 impl FuseLoopMapper {
@@ -77,7 +82,16 @@ impl FuseLoopMapper {
         Self {
             fuse_dir: runtime_dir.join("fuse"),
             instances: std::sync::Mutex::new(HashMap::new()),
+            placement: DaemonPlacement::default(),
         }
+    }
+
+    /// Starts `rbd-fuse` with `placement` ([`super::daemon`]: outside the plugin's process
+    /// group and cgroup).
+    #[must_use]
+    pub fn with_placement(mut self, placement: DaemonPlacement) -> Self {
+        self.placement = placement;
+        self
     }
 
     /// The lock of the instance in `dir`.
@@ -130,7 +144,9 @@ impl FuseLoopMapper {
         } = write_instance_files(dir, &mnt, image, key).await?;
         let args = fuse_args(&conf, image, &mnt);
         tracing::info!(pool = %image.pool, user = %image.user, mount_point = %mnt.display(), "starting rbd-fuse");
-        let mut child = tokio::process::Command::new("rbd-fuse")
+        let mut child = self
+            .placement
+            .command("rbd-fuse")?
             .args(&args)
             .env_remove("CEPH_ARGS")
             .env_remove("CEPH_CONF")

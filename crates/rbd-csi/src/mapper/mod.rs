@@ -9,11 +9,15 @@
 //! | `rbd-nbd`, `nbd` | [`nbd::NbdMapper`]: `rbd-nbd map` | the `nbd` kernel module + `rbd-nbd` |
 //! | `fuse`, `fuse-loop`, `rbd-fuse` | [`fuse_loop::FuseLoopMapper`]: `rbd-fuse` + `losetup` | FUSE and loop devices |
 //!
+//! The daemons of rbd-nbd and rbd-fuse are started so that they outlive the plugin (own
+//! session, optionally host cgroups), and a restarted plugin adopts them ([`daemon`]).
+//!
 //! Keys never appear on a command line: they reach the helper through a file in the node's
 //! private runtime directory (tmpfs in a real deployment), created `0600`, removed when no longer
 //! needed ([`secret_file`]).
 
 mod cli;
+pub mod daemon;
 pub mod fuse_loop;
 pub mod krbd;
 pub mod loop_device;

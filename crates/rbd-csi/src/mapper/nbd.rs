@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::daemon::DaemonPlacement;
 use super::{ImageSpec, Key, MapError, MapOptions, MappedDevice, Mapper, Mapping, MounterKind};
 use crate::exec;
 
@@ -22,6 +23,8 @@ pub struct NbdMapper {
     key_dir: PathBuf,
     /// The CLI to run (`rbd-nbd`; replaceable for tests).
     program: String,
+    /// Where `rbd-nbd map` (and so the daemon it forks) starts.
+    placement: DaemonPlacement,
 }
 
 impl NbdMapper {
@@ -31,6 +34,7 @@ impl NbdMapper {
         Self {
             key_dir,
             program: "rbd-nbd".to_owned(),
+            placement: DaemonPlacement::default(),
         }
     }
 }
@@ -57,6 +61,14 @@ impl NbdMapper {
     #[must_use]
     pub fn with_program(mut self, program: impl Into<String>) -> Self {
         self.program = program.into();
+        self
+    }
+
+    /// Starts `rbd-nbd map`, and so its daemon, with `placement`
+    /// ([`super::daemon`]: outside the plugin's process group and cgroup).
+    #[must_use]
+    pub fn with_placement(mut self, placement: DaemonPlacement) -> Self {
+        self.placement = placement;
         self
     }
 
@@ -124,7 +136,7 @@ impl Mapper for NbdMapper {
         options: &MapOptions,
     ) -> Result<MappedDevice, MapError> {
         let existing = self.current_mappings().await?;
-        super::cli::map(
+        super::cli::map_placed(
             &self.program,
             "rbd-nbd",
             MounterKind::Nbd,
@@ -139,6 +151,7 @@ impl Mapper for NbdMapper {
                 }
                 args
             },
+            Some(&self.placement),
         )
         .await
     }

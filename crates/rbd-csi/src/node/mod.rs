@@ -49,6 +49,8 @@ pub struct NodeConfig {
     /// `NodeGetInfo`'s `accessible_topology` segments (`topology.<driver>/<domain>` to the
     /// node's label value); empty: none reported.
     pub topology: std::collections::BTreeMap<String, String>,
+    /// Where the rbd-fuse and rbd-nbd daemons start, so that they outlive the plugin.
+    pub daemons: crate::mapper::daemon::DaemonPlacement,
 }
 
 /// The Node service.
@@ -83,8 +85,10 @@ impl NodeService {
                 keys.clone(),
                 config.krbd_map_options.clone(),
             )),
-            Arc::new(NbdMapper::new(keys)),
-            Arc::new(FuseLoopMapper::new(&config.runtime_dir)),
+            Arc::new(NbdMapper::new(keys).with_placement(config.daemons.clone())),
+            Arc::new(
+                FuseLoopMapper::new(&config.runtime_dir).with_placement(config.daemons.clone()),
+            ),
         ];
         Self::with_mappers(config, mappers)
     }

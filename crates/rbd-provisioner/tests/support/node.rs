@@ -55,25 +55,7 @@ impl NodePlugin {
     }
 
     pub async fn client(&self) -> NodeClient<Channel> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::UnixStream::connect(&self.socket).await.is_err() {
-            assert!(Instant::now() < deadline, "the node plugin never listened");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let path = self.socket.clone();
-        let channel = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await
-            .unwrap();
-        NodeClient::new(channel)
+        NodeClient::new(unix_channel(&self.socket).await)
     }
 
     /// Stages and publishes the CSI PV `pv` (fsType ext4), runs `f` on the mounted
@@ -212,4 +194,24 @@ where
             Err(s) => panic!("{s:?}"),
         }
     }
+}
+
+/// A tonic channel over the unix socket at `socket`, once something listens there (10 s).
+pub async fn unix_channel(socket: &Path) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::UnixStream::connect(socket).await.is_err() {
+        assert!(Instant::now() < deadline, "the node plugin never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let path = socket.to_path_buf();
+    Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .unwrap()
 }
