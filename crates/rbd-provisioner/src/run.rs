@@ -36,7 +36,12 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
             tracing::info!(kube_cluster = %id, "Kubernetes cluster identity recorded on images");
             id
         }
-        Err(e) => {
+        // only a refusal; any other failure (API server unreachable) stops the start as usual
+        Err(e)
+            if e.chain().any(|cause| {
+                matches!(cause.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 403)
+            }) =>
+        {
             tracing::warn!(
                 error = format!("{e:#}"),
                 "no Kubernetes cluster identity: images are made without one (grant get on \
@@ -44,6 +49,7 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
             );
             String::new()
         }
+        Err(e) => return Err(e),
     };
     let backend = RbdBackend::new(
         client.clone(),
