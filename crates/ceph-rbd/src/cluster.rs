@@ -489,6 +489,12 @@ impl Cluster {
         }
     }
 
+    /// Names of the cluster's pools.
+    pub async fn list_pools(&self) -> Result<Vec<String>, Error> {
+        self.run("list pools", String::new(), |rados| rados.pool_list())
+            .await
+    }
+
     /// Names of all images in the pool.
     pub async fn list_images(&self, pool: &str) -> Result<Vec<String>, Error> {
         self.with_pool("list images", pool, pool.to_string(), |io| io.list_images())

@@ -202,6 +202,29 @@ impl Rados {
         Ok(rados)
     }
 
+    /// The names of the cluster's pools.
+    pub(crate) fn pool_list(&self) -> Result<Vec<String>, Error> {
+        let op = "list pools";
+        let mut len = 4096usize;
+        loop {
+            let mut buf = vec![0u8; len];
+            // SAFETY: connected handle; `buf` is valid for `len` bytes. The call writes
+            // NUL-separated names ending in an empty one and returns the length it needs.
+            let rc = unsafe { ffi::rados_pool_list(self.handle, buf.as_mut_ptr().cast(), len) };
+            let needed = usize::try_from(check(rc, op, &self.target)?).unwrap_or(0);
+            if needed > len {
+                len = needed;
+                continue;
+            }
+            buf.truncate(needed);
+            return Ok(buf
+                .split(|b| *b == 0)
+                .filter(|name| !name.is_empty())
+                .map(|name| String::from_utf8_lossy(name).into_owned())
+                .collect());
+        }
+    }
+
     /// An I/O context on `spec`, a pool name or `pool/namespace` (see [`crate::namespace`]).
     pub(crate) fn ioctx(&self, spec: &str) -> Result<IoCtx<'_>, Error> {
         let (pool, namespace) = crate::namespace::split_pool_spec(spec)

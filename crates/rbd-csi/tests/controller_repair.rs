@@ -198,3 +198,68 @@ async fn delete_refuses_an_image_recorded_for_another_volume() {
     assert_eq!(image_size(bare), None);
     remove_image(image);
 }
+
+#[tokio::test]
+async fn with_a_kube_cluster_id_images_record_it_and_another_clusters_are_not_deleted() {
+    let cluster = micro_ceph::cluster();
+    let server = common::TestServer::start(rbd_csi::Services::All, |c| {
+        c.probe = Some(rbd_csi::config::ProbeCluster {
+            monitors: cluster.monitors.clone(),
+            user: "admin".into(),
+            key: cluster.admin_key.clone(),
+        });
+        c.kube_cluster = "uid-of-this-cluster".into();
+    })
+    .await;
+    let mut ctl = server.controller().await;
+    // a volume made here records the cluster
+    let name = "pvc-kube-cluster-ours";
+    remove_image(name);
+    let vol = ctl
+        .create_volume(create_request(name, 16 * MIB))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(
+        owner_record(name)
+            .get("provisioner.ceph.com/kube-cluster")
+            .map(String::as_str),
+        Some("uid-of-this-cluster")
+    );
+    delete(&mut ctl, vol.volume_id).await.unwrap();
+    assert_eq!(image_size(name), None);
+
+    // the same name recorded by another Kubernetes cluster sharing the pool is left alone
+    let theirs = "pvc-kube-cluster-theirs";
+    remove_image(theirs);
+    cluster
+        .rbd(&["create", "--size", "4M", &image_spec(theirs)])
+        .unwrap();
+    set_meta(theirs, "provisioner.ceph.com/pv", theirs);
+    set_meta(
+        theirs,
+        "provisioner.ceph.com/kube-cluster",
+        "uid-of-another",
+    );
+    let err = delete(&mut ctl, volume_id(theirs)).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("uid-of-another"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(image_size(theirs), Some(4 << 20), "the image must survive");
+    // one recorded before the cluster was kept is judged by its name alone
+    cluster
+        .rbd(&[
+            "image-meta",
+            "remove",
+            &image_spec(theirs),
+            "provisioner.ceph.com/kube-cluster",
+        ])
+        .unwrap();
+    delete(&mut ctl, volume_id(theirs)).await.unwrap();
+    assert_eq!(image_size(theirs), None);
+}

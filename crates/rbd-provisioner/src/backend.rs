@@ -304,7 +304,9 @@ impl RbdBackend {
             Err(e) => return Err(ProvisionError::final_error(e)),
         }
         crashpoint::hit("after-volume-clone");
-        crate::sources::release(&self.client, claim, source).await;
+        // The source keeps its protection finalizer until this claim is Bound (the PV saved):
+        // the protection controller takes it off then, as external-provisioner does. Released
+        // here, the source could be deleted while a crash before the PV save still needs it.
         Ok(())
     }
 }

@@ -19,9 +19,14 @@
 //! once its clone is gone. Their records name a driver: `--csi-driver-name` or the provisioner
 //! name count as ours.
 //!
+//! Every candidate must also be recorded for this Kubernetes cluster (`--kube-cluster-id`,
+//! default the uid of `kube-system`): several clusters may share a pool, and another's PVs and
+//! contents are not in our lists. A record made before the cluster was recorded names none: such
+//! images are reported as "owner cluster unknown" and never removed ([`by_kube_cluster`]).
+//!
 //! Dry run by default. `--delete` checks each orphan's PV and whether any PV refers to it now
-//! (for a snapshot image: the contents) once more right before removing it, and refuses (and reports) images still mapped
-//! somewhere; it never forces. Volumes are removed with the volume core's
+//! (for a snapshot image: the contents) once more right before removing it, and refuses (and
+//! reports) images still mapped somewhere; it never forces. Volumes are removed with the volume core's
 //! [`rbd_volume::snapshot::delete_volume`] (snapshot images and clone intermediates made from
 //! them are flattened first and survive), internal images with
 //! [`rbd_volume::snapshot::delete_snapshot`] (one that restored or cloned volumes still hang off

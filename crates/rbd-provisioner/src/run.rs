@@ -28,8 +28,29 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let kube_cluster = crate::kube_client::kube_cluster_id(&client, &args.kube).await?;
-    tracing::info!(kube_cluster = %kube_cluster, "Kubernetes cluster identity recorded on images");
+    // Without it (RBAC of an older release that cannot read kube-system) the provisioner still
+    // runs, as before this identity existed: its images then name no cluster, and gc leaves
+    // them as of unknown owner cluster.
+    let kube_cluster = match crate::kube_client::kube_cluster_id(&client, &args.kube).await {
+        Ok(id) => {
+            tracing::info!(kube_cluster = %id, "Kubernetes cluster identity recorded on images");
+            id
+        }
+        // only a refusal; any other failure (API server unreachable) stops the start as usual
+        Err(e)
+            if e.chain().any(|cause| {
+                matches!(cause.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 403)
+            }) =>
+        {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "no Kubernetes cluster identity: images are made without one (grant get on \
+                 namespace kube-system, see deploy/rbac.yaml, or give --kube-cluster-id)"
+            );
+            String::new()
+        }
+        Err(e) => return Err(e),
+    };
     let backend = RbdBackend::new(
         client.clone(),
         ConnectionPool::new(PoolOptions::default()),

@@ -452,20 +452,6 @@ async fn still_used(
     }))
 }
 
-/// Drops the protection finalizer from the source when no other Pending claim uses it (after
-/// a clone of `claim` succeeded). Failures are logged: the finalizer is then removed by the
-/// protection controller ([`crate::protection`]) when the claim binds.
-pub async fn release(client: &Client, claim: &PersistentVolumeClaim, source: &Resolved) {
-    let ns = claim.namespace().unwrap_or_else(|| "default".into());
-    let data = match source {
-        Resolved::Snapshot { vs, .. } => DataSource::Snapshot(vs.clone()),
-        Resolved::Volume { claim, .. } => DataSource::Claim(claim.clone()),
-    };
-    if let Err(e) = release_source(client, &ns, &data, claim.metadata.uid.as_deref()).await {
-        tracing::warn!(namespace = %ns, source = data.name(), error = %e, "could not remove a protection finalizer");
-    }
-}
-
 /// Drops the protection finalizer from `source` in `ns` when no Pending claim (other than the
 /// one with uid `except`) uses it.
 ///

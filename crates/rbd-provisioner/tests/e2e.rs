@@ -511,3 +511,31 @@ async fn a_provisioner_deletes_only_the_pvs_of_its_own_id() {
     h.wait_pv_gone(&a_name).await;
     assert!(!h.images().contains(&a_image));
 }
+
+/// RBAC of an older release cannot read `kube-system`: the provisioner still provisions (its
+/// images then name no Kubernetes cluster) and says why in its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_cluster_identity_the_provisioner_still_provisions() {
+    let h = Harness::start().await;
+    h.create_class("rbd", &h.params(), "Delete").await;
+    h.emu.faults().fail_next("get", "namespaces", 1, 403);
+    let p = h.spawn_default();
+    h.create_claim("no-identity", "rbd", "8Mi", false).await;
+    let (_, pv) = h.wait_bound("no-identity").await;
+    let image = Harness::image_name(&pv);
+    assert_eq!(
+        h.image_meta(&image, "provisioner.ceph.com/kube-cluster"),
+        None
+    );
+    assert!(
+        p.log_text().contains("no Kubernetes cluster identity"),
+        "{}",
+        p.log_text()
+    );
+    h.claims()
+        .delete("no-identity", &Default::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
+    assert!(!h.images().contains(&image));
+}

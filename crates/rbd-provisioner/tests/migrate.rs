@@ -750,3 +750,58 @@ async fn the_provisioner_still_deletes_a_legacy_pv_that_was_not_migrated() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_replaced_during_a_migration_never_gets_a_pv_with_reclaim_policy_delete() {
+    let h = Harness::start().await;
+    setup(&h, true).await;
+    let l = legacy_volume(&h, "replaced", 16, "16Mi", |_| {}).await;
+    let image = BTreeSet::from([l.image.clone()]);
+    // the CSI PV is saved (with Retain), then the run dies before it restores Delete
+    let out = migrate(
+        &h,
+        &["--pv", &l.pv],
+        &[("RBD_PROVISIONER_CRASH_AT", "migrate-after-create")],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    // meanwhile the claim is deleted and made again under the same name (another object)
+    h.claims()
+        .delete(&l.claim, &Default::default())
+        .await
+        .unwrap();
+    h.until("the claim deleted", Duration::from_secs(30), || async {
+        matches!(h.claims().get_opt(&l.claim).await, Ok(None)).then_some(())
+    })
+    .await;
+    let again = h.create_claim(&l.claim, CLASS, "16Mi", false).await;
+    assert_ne!(again.metadata.uid.as_deref(), Some(l.claim_uid.as_str()));
+
+    let out = migrate(&h, &["--pv", &l.pv, "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let pv = h.volumes().get(&l.pv).await.unwrap();
+    assert_eq!(
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_reclaim_policy.as_deref()),
+        Some("Retain"),
+        "the PV of a replaced claim got its Delete policy back: {}",
+        text(&out)
+    );
+    assert_eq!(present(&h, &image), image);
+
+    h.claims()
+        .delete(&l.claim, &Default::default())
+        .await
+        .unwrap();
+    h.volumes()
+        .delete(&l.pv, &Default::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(&l.pv).await;
+    // (a client that just closed the image may still be leaving it: retried)
+    let spec = format!("{}/{}", h.ceph.pool, l.image);
+    h.until("the image removed", Duration::from_secs(30), || async {
+        h.ceph.rbd(&["rm", &spec]).ok()
+    })
+    .await;
+}

@@ -156,12 +156,14 @@ async fn two_classes_on_one_pool_keep_their_volumes_in_their_namespaces() {
 
     // an image of the same name as c1's in tenant-2, recorded as an orphan of ours, and one in
     // tenant-3 that no class uses
+    let kube_cluster = h.kube_cluster_id().await;
     for spec in [format!("{t2}/{img1}"), format!("{t3}/{img1}")] {
         h.ceph.rbd(&["create", &spec, "--size", "8M"]).unwrap();
         for (key, value) in [
             ("provisioner.ceph.com/pv", "pvc-gone"),
             ("provisioner.ceph.com/claim", "default/gone"),
             ("provisioner.ceph.com/provisioner", "ceph.com/rbd"),
+            ("provisioner.ceph.com/kube-cluster", kube_cluster.as_str()),
         ] {
             h.ceph
                 .rbd(&["image-meta", "set", &spec, key, value])

@@ -587,3 +587,61 @@ async fn the_content_controller_follows_the_leader() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_source_stays_protected_until_its_clone_is_bound() {
+    const PROTECTION: &str = "provisioner.storage.kubernetes.io/cloning-protection";
+    let (h, _p) = setup().await;
+    h.create_claim("src", "csi", "16Mi", false).await;
+    h.wait_bound("src").await;
+    // the clone's PV save takes 4 s (a slow API server): the clone exists, the claim is Pending
+    h.emu.faults().delay_next(
+        "create",
+        "persistentvolumes",
+        1,
+        std::time::Duration::from_secs(4),
+    );
+    create_claim_from(&h, "copy", "16Mi", "PersistentVolumeClaim", "src").await;
+    let uid = h.claims().get("copy").await.unwrap().metadata.uid.unwrap();
+    let image = format!("kubernetes-dynamic-pvc-{uid}");
+    let protected = || async {
+        let src = h.claims().get("src").await.unwrap();
+        src.metadata
+            .finalizers
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f == PROTECTION)
+    };
+    let checked_after_clone = std::sync::atomic::AtomicUsize::new(0);
+    h.until("the clone Bound", WAIT, || async {
+        // in this order: a claim once Bound stays Bound, so a copy read as not Bound after the
+        // finalizer was read as missing was not Bound when it was missing either
+        let recorded = h.image_meta(&image, "provisioner.ceph.com/pv").is_some();
+        let kept = protected().await;
+        let copy = h.claims().get("copy").await.ok()?;
+        if copy.status.and_then(|s| s.phase).as_deref() == Some("Bound") {
+            return Some(());
+        }
+        // the clone made and recorded: only the PV save is left
+        if recorded {
+            assert!(
+                kept,
+                "the source lost its protection while its clone is Pending"
+            );
+            checked_after_clone.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        None
+    })
+    .await;
+    assert!(
+        checked_after_clone.into_inner() > 0,
+        "never saw the clone before its PV"
+    );
+    h.until("the protection released", WAIT, || async {
+        (!protected().await).then_some(())
+    })
+    .await;
+    for claim in ["copy", "src"] {
+        delete_claim(&h, claim).await;
+    }
+}

@@ -922,6 +922,36 @@ async fn fit_clone(cluster: &Cluster, new: &NewClone<'_>) -> Result<u64, Snapsho
     Ok(size)
 }
 
+/// The clone intermediate (`pool spec/name`) of the removed volume `pool/image`, in whichever
+/// pool it is (the source's, which may be another than the volume's): its name derives from
+/// the volume's, so an image of that name in any pool, in the volume's RADOS namespace, can only
+/// be its own. The volume's own pool is looked at first; pools this user may not read, or
+/// without that namespace, are skipped. `None` when there is none.
+async fn find_intermediate(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+) -> Result<Option<String>, Error> {
+    let name = clone_intermediate_name(pool, image);
+    let namespace = ceph_rbd::split_pool_spec(pool).map_or("", |(_, ns)| ns);
+    let mut specs = vec![pool.to_owned()];
+    for other in cluster.list_pools().await? {
+        let spec = ceph_rbd::pool_spec(&other, namespace);
+        if spec != pool {
+            specs.push(spec);
+        }
+    }
+    for spec in specs {
+        match cluster.metadata_list_unopened(&spec, &name).await {
+            Ok(_) => return Ok(Some(format!("{spec}/{name}"))),
+            Err(e) if e.is_not_found() => {}
+            Err(ceph_rbd::Error::PermissionDenied { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
+}
+
 /// Deletes a volume ([`lifecycle::delete`]): when it still has snapshot images or clone
 /// intermediates, they are flattened first (and leftover temporary snapshots removed); its own
 /// clone intermediate goes after it; the trash is purged. Idempotent.
@@ -947,12 +977,8 @@ pub async fn delete_volume(
                 .is_some_and(|source| !source.is_empty()),
         ),
         // The volume is gone already: a retry after its removal, whose intermediate removal
-        // failed (e.g. a watcher). The intermediate's name is derived from this volume's, so
-        // one of that name in the volume's pool (where it usually is) can only be its own.
-        Err(e) if e.is_not_found() => (
-            Some(format!("{pool}/{}", clone_intermediate_name(pool, image))),
-            true,
-        ),
+        // failed (e.g. a watcher). Its record is gone with it: the intermediate is looked for.
+        Err(e) if e.is_not_found() => (find_intermediate(cluster, pool, image).await?, true),
         Err(e) => return Err(e.into()),
     };
     let deleted = match lifecycle::delete(cluster, pool, image, claimant, hooks).await {

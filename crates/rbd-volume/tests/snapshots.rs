@@ -562,3 +562,78 @@ async fn what_a_crash_leaves_midway_is_completed_by_the_retry_or_cleaned_up_by_t
         assert!(!cluster.image_exists(pool(), &snap.image).await.unwrap());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_delete_finds_the_clone_intermediate_in_another_pool() {
+    let ceph = micro_ceph::cluster();
+    let other = "intermediates";
+    if !ceph
+        .rbd(&["pool", "ls"])
+        .is_ok_and(|pools| pools.lines().any(|p| p == other))
+    {
+        let out = ceph
+            .cli("ceph")
+            .args(["osd", "pool", "create", other, "8"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ceph.rbd(&["pool", "init", other]).unwrap();
+    }
+    let cluster = cluster().await;
+    // the source in the other pool, its clone in the default one: the intermediate is made in
+    // the source's pool
+    let source = "far-source";
+    ceph.rbd(&["create", "--size", "8M", &format!("{other}/{source}")])
+        .unwrap();
+    let copy = "near-clone";
+    clone(
+        &cluster,
+        copy,
+        8 * MIB,
+        Source::Volume {
+            pool: other,
+            image: source,
+        },
+        &format!("v1/m/{other}/{source}"),
+    )
+    .await
+    .unwrap();
+    let intermediate = rbd_volume::snapshot::clone_intermediate_name(pool(), copy);
+    let in_other = || {
+        ceph.rbd(&["ls", other])
+            .unwrap()
+            .lines()
+            .any(|l| l == intermediate)
+    };
+    assert!(in_other(), "the intermediate is not in {other}");
+    // the first delete removes the volume, then fails on the intermediate (held open)
+    let holder = micro_ceph::ImageHolder::open(ceph, other, &intermediate).unwrap();
+    let first = rbd_volume::delete_volume(
+        &cluster,
+        pool(),
+        copy,
+        &Claimant::volume(copy),
+        &Hooks::default(),
+    )
+    .await;
+    assert!(first.is_err(), "{first:?}");
+    assert!(in_other());
+    drop(holder);
+    // the retry, with the volume and its record gone, still finds and removes it
+    let retry = rbd_volume::delete_volume(
+        &cluster,
+        pool(),
+        copy,
+        &Claimant::volume(copy),
+        &Hooks::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(retry, Deleted::AlreadyGone);
+    assert!(!in_other(), "the intermediate in {other} leaked");
+    ceph.rbd(&["rm", &format!("{other}/{source}")]).unwrap();
+}

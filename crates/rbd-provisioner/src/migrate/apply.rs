@@ -593,8 +593,10 @@ async fn resume_from_record(
     Ok(row)
 }
 
-/// The CSI PV exists: restore the reclaim policy, update the claim, mark the record done, and
-/// wait (bounded) for the claim to be Bound again.
+/// The CSI PV exists: check the claim is still the one the PV was bound to, restore the
+/// reclaim policy (only then: a claim deleted or replaced meanwhile leaves a Released PV, which
+/// keeps `Retain` so that its image is never reclaimed), update the claim, mark the record done,
+/// and wait (bounded) for the claim to be Bound again.
 async fn finish(
     ctx: &Context,
     name: &str,
@@ -602,12 +604,31 @@ async fn finish(
     legacy: &Legacy,
 ) -> Result<Row, String> {
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let policy = recorded_policy(record).unwrap_or_else(|| "Retain".into());
+    let mut policy = recorded_policy(record).unwrap_or_else(|| "Retain".into());
     let current = volumes
         .get_opt(name)
         .await
         .map_err(|e| format!("reading PV {name}: {e}"))?
         .ok_or_else(|| format!("the CSI PV {name} disappeared"))?;
+    let claim_gone = match &legacy.claim {
+        Some((ns, claim)) => {
+            let claims = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns);
+            match claims.get_opt(claim).await {
+                Ok(Some(c)) => c.metadata.uid != legacy.claim_uid,
+                Ok(None) => true,
+                Err(e) => return Err(format!("reading claim {ns}/{claim}: {e}")),
+            }
+        }
+        None => false,
+    };
+    if claim_gone && policy != "Retain" {
+        tracing::warn!(
+            pv = name,
+            policy,
+            "the claim is gone or replaced: the PV keeps reclaim policy Retain"
+        );
+        policy = "Retain".into();
+    }
     if policy_of(&current) != policy {
         volumes
             .patch(
