@@ -399,6 +399,9 @@ impl Drop for Plugin {
 /// a failed test left (mounts, mappings, the image), so later tests start clean.
 struct Volume<'a> {
     cluster: &'a micro_ceph::MicroCeph,
+    /// In-process librados/librbd: creating and growing images without starting the `rbd` CLI,
+    /// which costs seconds per start under emulation.
+    rados: std::sync::Arc<ceph_rbd::Cluster>,
     image: String,
     dir: PathBuf,
     context: HashMap<String, String>,
@@ -409,12 +412,12 @@ struct Volume<'a> {
 }
 
 impl<'a> Volume<'a> {
-    fn new(name: &str, mounter: &str, size_mib: u64) -> Volume<'static> {
+    async fn new(name: &str, mounter: &str, size_mib: u64) -> Volume<'static> {
         let cluster = micro_ceph::cluster();
-        Volume::on(cluster, &cluster.monitors, name, mounter, size_mib)
+        Volume::on(cluster, &cluster.monitors, name, mounter, size_mib).await
     }
 
-    fn on(
+    async fn on(
         cluster: &'a micro_ceph::MicroCeph,
         monitors: &str,
         name: &str,
@@ -423,14 +426,23 @@ impl<'a> Volume<'a> {
     ) -> Volume<'a> {
         let dir = std::env::temp_dir().join(format!("vm-{name}"));
         std::fs::create_dir_all(&dir).expect("volume dir");
-        cluster
-            .rbd(&[
-                "create",
-                "--size",
-                &size_mib.to_string(),
-                &format!("{}/{name}", cluster.pool),
-            ])
-            .expect("rbd create");
+        let rados = ceph_rbd::ConnectionPool::default()
+            .get(&ceph_rbd::ClusterConfig::new(
+                &cluster.monitors,
+                "admin",
+                ceph_rbd::Secret::new(cluster.admin_key.clone()),
+            ))
+            .await
+            .expect("connecting to micro-ceph");
+        rados
+            .create_image(
+                &cluster.pool,
+                name,
+                size_mib << 20,
+                &ceph_rbd::CreateOptions::default(),
+            )
+            .await
+            .expect("creating the image");
         let context = HashMap::from([
             ("monitors".to_owned(), monitors.to_owned()),
             ("pool".to_owned(), cluster.pool.clone()),
@@ -443,6 +455,7 @@ impl<'a> Volume<'a> {
         ]);
         Volume {
             cluster,
+            rados,
             image: name.to_owned(),
             dir,
             context,
@@ -613,7 +626,8 @@ impl Drop for Volume<'_> {
                 .stderr(Stdio::null())
                 .status();
         }
-        let _ = self.cluster.rbd(&["rm", "--no-progress", &spec]);
+        // The image stays: the guest's cluster, like everything else in the guest, is gone
+        // when the VM stops.
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -688,15 +702,10 @@ async fn stats(node: &mut NodeClient<Channel>, vol: &Volume<'_>) -> (i64, i64) {
 }
 
 async fn expand(node: &mut NodeClient<Channel>, vol: &Volume<'_>, mib: u64) {
-    vol.cluster
-        .rbd(&[
-            "resize",
-            "--no-progress",
-            "--size",
-            &mib.to_string(),
-            &vol.spec(),
-        ])
-        .expect("rbd resize");
+    vol.rados
+        .resize_image(&vol.cluster.pool, &vol.image, mib << 20, false)
+        .await
+        .expect("growing the image");
     node.node_expand_volume(NodeExpandVolumeRequest {
         volume_id: vol.id(),
         volume_path: vol.target().display().to_string(),
@@ -777,7 +786,7 @@ fn guest_krbd_maps_on_a_msgr2_only_cluster_without_map_options() {
         // reads as msgr2: without ms_mode it fails with "possible ms_mode mismatch".
         let plugin = Plugin::start(&plugin_dir("msgr2"), &["--default-mounter=rbd"]);
         let mut node = plugin.client().await;
-        let mut vol = Volume::new("msgr2-only", "krbd", 64);
+        let mut vol = Volume::new("msgr2-only", "krbd", 64).await;
         vol.block = true;
         vol.stage(&mut node)
             .await
@@ -803,7 +812,7 @@ fn guest_krbd_maps_on_a_msgr1_and_msgr2_cluster() {
             ("dual-v2", cluster.monitors.as_str()),
             ("dual-v1", v1.as_str()),
         ] {
-            let vol = Volume::on(&cluster, monitors, name, "krbd", 64);
+            let vol = Volume::on(&cluster, monitors, name, "krbd", 64).await;
             vol.attach(&mut node, false).await;
             write_file(&vol.target().join("f"), name.as_bytes()).expect("write");
             vol.detach(&mut node).await;
@@ -824,7 +833,7 @@ fn guest_map_options_reach_rbd_map_and_unmap() {
     guest(|| async {
         let plugin = Plugin::start(&plugin_dir("options"), &["--krbd-map-options=noudev"]);
         let mut node = plugin.client().await;
-        let mut vol = Volume::new("options", "krbd", 64);
+        let mut vol = Volume::new("options", "krbd", 64).await;
         vol.block = true;
         // The class's ms_mode wins over the default: legacy cannot reach msgr2-only monitors.
         vol.context.insert(
@@ -876,7 +885,7 @@ fn guest_krbd_ext4_filesystem_round_trip_with_idempotent_repeats() {
     guest(|| async {
         let plugin = Plugin::start(&plugin_dir("krbd-ext4"), &[]);
         let mut node = plugin.client().await;
-        let vol = Volume::new("krbd-ext4", "krbd", 64);
+        let vol = Volume::new("krbd-ext4", "krbd", 64).await;
         filesystem_round_trip(&vol, &mut node, "/dev/rbd").await;
     });
 }
@@ -887,7 +896,7 @@ fn guest_krbd_xfs_filesystem_online_expansion() {
     guest(|| async {
         let plugin = Plugin::start(&plugin_dir("krbd-xfs"), &[]);
         let mut node = plugin.client().await;
-        let mut vol = Volume::new("krbd-xfs", "krbd", 320);
+        let mut vol = Volume::new("krbd-xfs", "krbd", 320).await;
         vol.fs_type = "xfs".into();
         vol.attach(&mut node, false).await;
         write_file(&vol.target().join("before"), b"x").expect("write");
@@ -910,7 +919,7 @@ fn guest_krbd_ext4_online_expansion() {
     guest(|| async {
         let plugin = Plugin::start(&plugin_dir("krbd-ext4-grow"), &[]);
         let mut node = plugin.client().await;
-        let vol = Volume::new("krbd-ext4-grow", "krbd", 64);
+        let vol = Volume::new("krbd-ext4-grow", "krbd", 64).await;
         vol.attach(&mut node, false).await;
         let (before, _) = stats(&mut node, &vol).await;
         expand(&mut node, &vol, 128).await;
@@ -929,7 +938,7 @@ fn guest_krbd_block_volume_round_trip() {
     guest(|| async {
         let plugin = Plugin::start(&plugin_dir("krbd-block"), &[]);
         let mut node = plugin.client().await;
-        let mut vol = Volume::new("krbd-block", "krbd", 64);
+        let mut vol = Volume::new("krbd-block", "krbd", 64).await;
         vol.block = true;
         block_round_trip(&vol, &mut node, "/dev/rbd").await;
     });
@@ -941,7 +950,7 @@ fn guest_krbd_unstage_leaves_no_device_mount_or_watcher() {
     guest(|| async {
         let plugin = Plugin::start(&plugin_dir("krbd-clean"), &[]);
         let mut node = plugin.client().await;
-        let vol = Volume::new("krbd-clean", "krbd", 64);
+        let vol = Volume::new("krbd-clean", "krbd", 64).await;
         vol.attach(&mut node, false).await;
         let device = vol.device();
         let name = device
@@ -981,7 +990,7 @@ fn guest_nbd_filesystem_round_trip() {
     guest(|| async {
         let plugin = Plugin::start(&plugin_dir("nbd-ext4"), &[]);
         let mut node = plugin.client().await;
-        let vol = Volume::new("nbd-ext4", "rbd-nbd", 64);
+        let vol = Volume::new("nbd-ext4", "rbd-nbd", 64).await;
         filesystem_round_trip(&vol, &mut node, "/dev/nbd").await;
         assert!(vol.watchers().contains("none"), "{}", vol.watchers());
     });
@@ -993,7 +1002,7 @@ fn guest_nbd_block_volume_round_trip() {
     guest(|| async {
         let plugin = Plugin::start(&plugin_dir("nbd-block"), &[]);
         let mut node = plugin.client().await;
-        let mut vol = Volume::new("nbd-block", "rbd-nbd", 64);
+        let mut vol = Volume::new("nbd-block", "rbd-nbd", 64).await;
         vol.block = true;
         block_round_trip(&vol, &mut node, "/dev/nbd").await;
     });
@@ -1005,7 +1014,7 @@ fn guest_rox_publish_is_read_only() {
     guest(|| async {
         let plugin = Plugin::start(&plugin_dir("rox"), &[]);
         let mut node = plugin.client().await;
-        let mut vol = Volume::new("rox", "krbd", 64);
+        let mut vol = Volume::new("rox", "krbd", 64).await;
         // a filesystem with a file, made by a writer
         vol.attach(&mut node, false).await;
         write_file(&vol.target().join("seed"), b"seed").expect("write");
@@ -1029,7 +1038,7 @@ fn guest_rox_staging_mount_is_read_only() {
     guest(|| async {
         let plugin = Plugin::start(&plugin_dir("rox-staging"), &[]);
         let mut node = plugin.client().await;
-        let mut vol = Volume::new("rox-staging", "krbd", 64);
+        let mut vol = Volume::new("rox-staging", "krbd", 64).await;
         vol.attach(&mut node, false).await;
         vol.detach(&mut node).await;
         // Staged for readers only: nothing on the node may write the shared filesystem, the
@@ -1053,7 +1062,7 @@ fn guest_nbd_volume_keeps_working_across_a_node_plugin_restart() {
     guest(|| async {
         let mut plugin = Plugin::start(&plugin_dir("nbd-restart"), &[]);
         let mut node = plugin.client().await;
-        let vol = Volume::new("nbd-restart", "rbd-nbd", 64);
+        let vol = Volume::new("nbd-restart", "rbd-nbd", 64).await;
         vol.attach(&mut node, false).await;
         write_file(&vol.target().join("before"), b"before").expect("write");
         plugin.restart();
