@@ -182,3 +182,28 @@ fn krbd_map_options(value: &str) -> Result<String, String> {
     .map_err(|e| e.to_string())?;
     Ok(parsed.krbd.unwrap_or_default())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::krbd_map_options;
+
+    #[test]
+    fn krbd_map_options_flag_is_checked_naming_the_option() {
+        assert_eq!(
+            krbd_map_options("noudev, ms_mode=secure").as_deref(),
+            Ok("noudev,ms_mode=secure")
+        );
+        let err = krbd_map_options("noudev,bogus").unwrap_err();
+        assert_eq!(err, "--krbd-map-options: unknown krbd map option \"bogus\"");
+        assert!(
+            krbd_map_options("key=AQB")
+                .unwrap_err()
+                .contains("\"key\" is not allowed")
+        );
+        assert!(
+            krbd_map_options("ms_mode=fast")
+                .unwrap_err()
+                .contains("ms_mode must be one of")
+        );
+    }
+}

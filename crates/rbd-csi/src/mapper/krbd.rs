@@ -5,10 +5,15 @@
 //! What is mapped comes from sysfs, `/sys/bus/rbd/devices/<id>/{pool,pool_ns,name,current_snap}`
 //! for `/dev/rbd<id>`: a map of an image that is mapped already returns its device (a repeated
 //! stage must not leak a second `/dev/rbdN`), and an unmap checks that the recorded device still
-//! maps the image (after a reboot the same `/dev/rbdN` may be another volume). Needs the `rbd`
-//! kernel module, absent on this test bed, so the sysfs and `/dev` roots are injectable
-//! ([`KrbdMapper::with_root`]) and the lookup, command construction and key handling are
-//! unit-tested against fake trees and a stand-in program.
+//! maps the image (after a reboot the same `/dev/rbdN` may be another volume).
+//!
+//! `-o` gets the node's options, the volume's `mapOptions`, and, when neither sets `ms_mode`,
+//! `ms_mode=prefer-crc` for monitors without a msgr1 address ([`effective_map_options`]).
+//!
+//! Needs the `rbd` kernel module, absent on the host test bed: the sysfs and `/dev` roots are
+//! injectable ([`KrbdMapper::with_root`]) and the lookup, command construction and key handling
+//! are unit-tested against fake trees and a stand-in program; the real thing runs in the VM
+//! suite (`rbd-provisioner`'s `tests/vm_kernel.rs`).
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,1082 @@
+//! The production data path on a real kernel: krbd (`rbd map`) and rbd-nbd volumes staged,
+//! published, expanded, measured and torn down by this binary's CSI node service, inside a
+//! virtual machine running Debian's kernel (this host's kernel may have no rbd, nbd or dm-crypt).
+//!
+//! `vm_suite` (run on the host by `cargo test`) boots one guest with `scripts/vm-run.sh` and runs
+//! this same test binary in it with `--ignored`: the `guest_*` tests below, one micro-ceph
+//! cluster on the guest's own 127.0.0.1, the node plugin (`rbd-provisioner csi
+//! --services=node`) driven over its CSI socket by our gRPC client. The guest has no network
+//! device, so nothing here reaches any address outside it. `vm_suite` checks that every
+//! `guest_*` test ran and passed and prints the guest's output. Without qemu or the kernel
+//! (`scripts/install-deps.sh` installs both) it fails in CI (`CI` set) and is skipped with a
+//! message elsewhere. On the host the `guest_*` tests are ignored; run by hand outside a guest
+//! (`--ignored`) they skip.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use rbd_csi::proto::csi::node_client::NodeClient;
+use rbd_csi::proto::csi::volume_capability::{
+    AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode,
+};
+use rbd_csi::proto::csi::{
+    CapacityRange, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest, NodePublishVolumeRequest,
+    NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
+    volume_usage,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Set in the guest: the `guest_*` tests run only there.
+const GUEST_ENV: &str = "RBD_VM_GUEST";
+
+/// Every test the guest must run and pass.
+const GUEST_TESTS: &[&str] = &[
+    "guest_krbd_maps_on_a_msgr2_only_cluster_without_map_options",
+    "guest_krbd_maps_on_a_msgr1_and_msgr2_cluster",
+    "guest_map_options_reach_rbd_map_and_unmap",
+    "guest_krbd_ext4_filesystem_round_trip_with_idempotent_repeats",
+    "guest_krbd_xfs_filesystem_online_expansion",
+    "guest_krbd_ext4_online_expansion",
+    "guest_krbd_block_volume_round_trip",
+    "guest_krbd_unstage_leaves_no_device_mount_or_watcher",
+    "guest_nbd_filesystem_round_trip",
+    "guest_nbd_block_volume_round_trip",
+    "guest_rox_publish_is_read_only",
+    "guest_rox_staging_mount_is_read_only",
+    "guest_nbd_volume_keeps_working_across_a_node_plugin_restart",
+];
+
+/// Guest tests of behaviour the node does not have yet, with why: they run and their result is
+/// reported loudly, but a failure does not fail `vm_suite` (a pass says to move them out).
+const PENDING: &[(&str, &str)] = &[
+    (
+        "guest_rox_staging_mount_is_read_only",
+        "the node stages read-only volumes with a read-write filesystem mount",
+    ),
+    (
+        "guest_nbd_volume_keeps_working_across_a_node_plugin_restart",
+        "rbd-nbd daemons are children of the plugin and die with its container",
+    ),
+];
+
+fn in_guest() -> bool {
+    std::env::var_os(GUEST_ENV).is_some()
+}
+
+/// CI runs must not skip: `CI` (set by CI systems and `.ci/run`'s caller) or `RBD_VM_REQUIRED`.
+fn required() -> bool {
+    ["CI", "RBD_VM_REQUIRED"]
+        .iter()
+        .any(|k| std::env::var(k).is_ok_and(|v| !v.is_empty() && v != "0" && v != "false"))
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A process group killed when dropped (the VM: vng and its qemu).
+struct Group(Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0.id()) {
+            // SAFETY: kill(2) on the process group this test created.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+        }
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn vm_suite() {
+    if in_guest() {
+        return;
+    }
+    let script = workspace().join("scripts/vm-run.sh");
+    let check = Command::new(&script)
+        .arg("--check")
+        .output()
+        .expect("running vm-run.sh --check");
+    let why = String::from_utf8_lossy(&check.stderr).trim().to_owned();
+    if check.status.code() == Some(77) {
+        assert!(
+            !required(),
+            "the VM test bed is required in CI but cannot run: {why}"
+        );
+        eprintln!("SKIPPED vm_suite (not in CI): {why}");
+        return;
+    }
+    assert!(check.status.success(), "vm-run.sh --check failed: {why}");
+    let exe = std::env::current_exe().expect("test binary path");
+    // RBD_VM_FILTER: only the guest tests whose names contain it (a developer's shortcut).
+    let filter = std::env::var("RBD_VM_FILTER").unwrap_or_else(|_| "guest_".to_owned());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log_path = dir.path().join("guest.log");
+    let log = std::fs::File::create(&log_path).expect("guest log");
+    let started = Instant::now();
+    // setsid: the VM gets its own process group, killed as a whole on timeout or panic.
+    let child = Command::new("setsid")
+        .arg(&script)
+        .arg("--")
+        // The kernel modules a node loads before its plugin starts (the DaemonSet's job).
+        .args(["sh", "-c", "modprobe -a rbd nbd && exec \"$@\"", "sh"])
+        // TMO: micro-ceph.sh's start timeout; under emulation on a busy machine 60 s is short.
+        .args([
+            "env",
+            &format!("{GUEST_ENV}=1"),
+            "RUST_BACKTRACE=0",
+            "TMO=300",
+        ])
+        .arg(&exe)
+        .args(["--ignored", "--test-threads=1", &filter])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log fd"))
+        .stderr(log)
+        .spawn()
+        .expect("starting the VM");
+    let mut vm = Group(child);
+    let limit = Duration::from_secs(
+        std::env::var("RBD_VM_TIMEOUT_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1200),
+    );
+    // When each guest test finished, from the moment its result line appeared.
+    let mut timings: Vec<String> = Vec::new();
+    let mut last = Duration::ZERO;
+    let mut note = |output: &str, timings: &mut Vec<String>| {
+        if timings.is_empty() && output.contains("\nrunning ") {
+            let now = started.elapsed();
+            timings.push(format!(
+                "{:>6.1}s booted, test binary started",
+                now.as_secs_f64()
+            ));
+            last = now;
+        }
+        let done = output
+            .lines()
+            .filter(|l| l.starts_with("test ") && l.contains(" ... ") && !l.ends_with("... "))
+            .count();
+        while !timings.is_empty() && timings.len() - 1 < done {
+            let now = started.elapsed();
+            let line = output
+                .lines()
+                .filter(|l| l.starts_with("test ") && l.contains(" ... "))
+                .nth(timings.len() - 1)
+                .unwrap_or_default();
+            timings.push(format!(
+                "{:>6.1}s (+{:>5.1}s) {line}",
+                now.as_secs_f64(),
+                (now - last).as_secs_f64()
+            ));
+            last = now;
+        }
+    };
+    let status = loop {
+        if let Some(status) = vm.0.try_wait().expect("waiting for the VM") {
+            break Some(status);
+        }
+        if started.elapsed() > limit {
+            break None;
+        }
+        note(
+            &std::fs::read_to_string(&log_path).unwrap_or_default(),
+            &mut timings,
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+    println!("{output}");
+    println!("vm_suite: guest tests as they finished (time since the VM started):");
+    for t in &timings {
+        println!("  {t}");
+    }
+    println!("vm_suite: the VM ran {:.0?}", started.elapsed());
+    let Some(status) = status else {
+        panic!("the VM did not finish within {limit:?} (output above)");
+    };
+    let results: HashMap<&str, &str> = output
+        .lines()
+        .filter_map(|l| l.strip_prefix("test "))
+        .filter_map(|l| l.split_once(" ... "))
+        .map(|(name, result)| (name.trim(), result.trim()))
+        .collect();
+    let result = |t: &str| results.get(t).copied().unwrap_or("did not run");
+    for (test, why) in PENDING.iter().filter(|(t, _)| t.contains(&filter)) {
+        match result(test) {
+            "ok" => println!("vm_suite: PENDING test {test} now passes: move it out of PENDING"),
+            other => println!("vm_suite: PENDING test {test}: {other} ({why})"),
+        }
+    }
+    let failed: Vec<String> = GUEST_TESTS
+        .iter()
+        .filter(|t| t.contains(&filter) && !PENDING.iter().any(|(p, _)| p == *t))
+        .filter(|t| result(t) != "ok")
+        .map(|t| format!("{t}: {}", result(t)))
+        .collect();
+    assert!(failed.is_empty(), "guest tests failed: {failed:#?}");
+    // The guest's test binary exits non-zero when a pending test fails; anything else (no
+    // result line at all, a crash) is caught above by the missing results.
+    let pending_failed = PENDING
+        .iter()
+        .any(|(t, _)| t.contains(&filter) && result(t) != "ok");
+    assert!(
+        status.success() || pending_failed,
+        "the guest exited with {status}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// In the guest.
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Skips (with a message) outside the guest; runs `f` inside.
+fn guest<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) {
+    if !in_guest() {
+        eprintln!("skipped: runs inside the VM (cargo test --test vm_kernel vm_suite)");
+        return;
+    }
+    runtime().block_on(f());
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .expect("running sh");
+    assert!(
+        out.status.success(),
+        "{cmd}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The node plugin of this binary, with its own socket and runtime directory, in a cgroup of
+/// its own as in a container: everything it starts is in that cgroup too, unless moved out.
+struct Plugin {
+    child: Option<Child>,
+    dir: PathBuf,
+    args: Vec<String>,
+    cgroup: PathBuf,
+}
+
+impl Plugin {
+    fn start(dir: &Path, args: &[&str]) -> Plugin {
+        if !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            sh("mount -t cgroup2 cgroup2 /sys/fs/cgroup");
+        }
+        let name = dir.file_name().expect("dir name").to_string_lossy();
+        let cgroup = Path::new("/sys/fs/cgroup").join(format!("vm-test-{name}"));
+        std::fs::create_dir_all(&cgroup).expect("plugin cgroup");
+        let mut plugin = Plugin {
+            child: None,
+            dir: dir.to_path_buf(),
+            args: args.iter().map(|s| (*s).to_owned()).collect(),
+            cgroup,
+        };
+        plugin.spawn();
+        plugin
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("csi.sock")
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("node.log"))
+            .expect("node log");
+        let child = Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+            .args(["csi", "--services=node", "--node-id=vm-node"])
+            .arg(format!("--endpoint=unix://{}", self.socket().display()))
+            .arg(format!("--runtime-dir={}", self.dir.join("run").display()))
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting the node plugin");
+        // Before any request: whatever it starts later is born in the cgroup.
+        std::fs::write(self.cgroup.join("cgroup.procs"), child.id().to_string())
+            .expect("moving the plugin into its cgroup");
+        self.child = Some(child);
+    }
+
+    /// Stops the plugin as a container runtime stops the plugin's container when the pod is
+    /// restarted: SIGTERM, and once it has exited, SIGKILL for everything left in its cgroup
+    /// (`cgroup.kill`); then starts it again in the same cgroup.
+    fn restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = i32::try_from(child.id()).expect("pid");
+            // SAFETY: a signal to the child this test started.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while child.try_wait().expect("wait").is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        std::fs::write(self.cgroup.join("cgroup.kill"), "1").expect("cgroup.kill");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(self.cgroup.join("cgroup.procs"))
+            .unwrap_or_default()
+            .trim()
+            .is_empty()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the plugin's cgroup did not empty"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = std::fs::remove_file(self.socket());
+        self.spawn();
+    }
+
+    async fn client(&self) -> NodeClient<Channel> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::UnixStream::connect(self.socket())
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the node plugin never listened: {}",
+                std::fs::read_to_string(self.dir.join("node.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let path = self.socket();
+        let channel = Endpoint::try_from("http://[::]:50051")
+            .expect("endpoint")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await
+            .expect("connecting to the node plugin");
+        NodeClient::new(channel)
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Daemons it started stay until their volume's guard unmaps them; the empty cgroup goes.
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
+}
+
+/// One volume of a test: an image, its staging and target paths. Dropping it removes whatever
+/// a failed test left (mounts, mappings, the image), so later tests start clean.
+struct Volume<'a> {
+    cluster: &'a micro_ceph::MicroCeph,
+    /// In-process librados/librbd: creating and growing images without starting the `rbd` CLI,
+    /// which costs seconds per start under emulation.
+    rados: std::sync::Arc<ceph_rbd::Cluster>,
+    image: String,
+    dir: PathBuf,
+    context: HashMap<String, String>,
+    secrets: HashMap<String, String>,
+    block: bool,
+    fs_type: String,
+    mode: Mode,
+}
+
+impl<'a> Volume<'a> {
+    async fn new(name: &str, mounter: &str, size_mib: u64) -> Volume<'static> {
+        let cluster = micro_ceph::cluster();
+        Volume::on(cluster, &cluster.monitors, name, mounter, size_mib).await
+    }
+
+    async fn on(
+        cluster: &'a micro_ceph::MicroCeph,
+        monitors: &str,
+        name: &str,
+        mounter: &str,
+        size_mib: u64,
+    ) -> Volume<'a> {
+        let dir = std::env::temp_dir().join(format!("vm-{name}"));
+        std::fs::create_dir_all(&dir).expect("volume dir");
+        let rados = ceph_rbd::ConnectionPool::default()
+            .get(&ceph_rbd::ClusterConfig::new(
+                &cluster.monitors,
+                "admin",
+                ceph_rbd::Secret::new(cluster.admin_key.clone()),
+            ))
+            .await
+            .expect("connecting to micro-ceph");
+        rados
+            .create_image(
+                &cluster.pool,
+                name,
+                size_mib << 20,
+                &ceph_rbd::CreateOptions::default(),
+            )
+            .await
+            .expect("creating the image");
+        let context = HashMap::from([
+            ("monitors".to_owned(), monitors.to_owned()),
+            ("pool".to_owned(), cluster.pool.clone()),
+            ("imageName".to_owned(), name.to_owned()),
+            ("mounter".to_owned(), mounter.to_owned()),
+        ]);
+        let secrets = HashMap::from([
+            ("userID".to_owned(), "admin".to_owned()),
+            ("userKey".to_owned(), cluster.admin_key.clone()),
+        ]);
+        Volume {
+            cluster,
+            rados,
+            image: name.to_owned(),
+            dir,
+            context,
+            secrets,
+            block: false,
+            fs_type: "ext4".to_owned(),
+            mode: Mode::SingleNodeWriter,
+        }
+    }
+
+    fn id(&self) -> String {
+        format!("vm-test-{}", self.image)
+    }
+    fn staging(&self) -> PathBuf {
+        self.dir.join("staging")
+    }
+    fn target(&self) -> PathBuf {
+        self.dir.join("pod/volume")
+    }
+    fn spec(&self) -> String {
+        format!("{}/{}", self.cluster.pool, self.image)
+    }
+
+    fn capability(&self) -> VolumeCapability {
+        VolumeCapability {
+            access_type: Some(if self.block {
+                AccessType::Block(BlockVolume {})
+            } else {
+                AccessType::Mount(MountVolume {
+                    fs_type: self.fs_type.clone(),
+                    ..Default::default()
+                })
+            }),
+            access_mode: Some(AccessMode {
+                mode: self.mode as i32,
+            }),
+        }
+    }
+
+    async fn stage(&self, node: &mut NodeClient<Channel>) -> Result<(), tonic::Status> {
+        node.node_stage_volume(NodeStageVolumeRequest {
+            volume_id: self.id(),
+            staging_target_path: self.staging().display().to_string(),
+            volume_capability: Some(self.capability()),
+            secrets: self.secrets.clone(),
+            volume_context: self.context.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn publish(&self, node: &mut NodeClient<Channel>, readonly: bool) {
+        node.node_publish_volume(NodePublishVolumeRequest {
+            volume_id: self.id(),
+            staging_target_path: self.staging().display().to_string(),
+            target_path: self.target().display().to_string(),
+            volume_capability: Some(self.capability()),
+            volume_context: self.context.clone(),
+            readonly,
+            ..Default::default()
+        })
+        .await
+        .expect("NodePublishVolume");
+    }
+
+    async fn unpublish(&self, node: &mut NodeClient<Channel>) {
+        node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: self.id(),
+            target_path: self.target().display().to_string(),
+        })
+        .await
+        .expect("NodeUnpublishVolume");
+    }
+
+    async fn unstage(&self, node: &mut NodeClient<Channel>) {
+        node.node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: self.id(),
+            staging_target_path: self.staging().display().to_string(),
+        })
+        .await
+        .expect("NodeUnstageVolume");
+    }
+
+    /// Stage + publish (read-write unless `readonly`).
+    async fn attach(&self, node: &mut NodeClient<Channel>, readonly: bool) {
+        self.stage(node).await.expect("NodeStageVolume");
+        self.publish(node, readonly).await;
+    }
+
+    async fn detach(&self, node: &mut NodeClient<Channel>) {
+        self.unpublish(node).await;
+        self.unstage(node).await;
+    }
+
+    /// The block device behind the staged volume (from /proc/mounts or the block target).
+    fn device(&self) -> PathBuf {
+        if self.block {
+            let meta = std::fs::metadata(self.target()).expect("block target");
+            assert!(meta.file_type().is_block_device());
+            // the device whose rdev the target has
+            let rdev = std::os::unix::fs::MetadataExt::rdev(&meta);
+            for entry in std::fs::read_dir("/dev").expect("/dev").flatten() {
+                let p = entry.path();
+                if let Ok(m) = std::fs::metadata(&p)
+                    && m.file_type().is_block_device()
+                    && std::os::unix::fs::MetadataExt::rdev(&m) == rdev
+                    && !p.starts_with("/dev/block")
+                {
+                    return p;
+                }
+            }
+            panic!("no /dev node for the block target");
+        }
+        let staging = self.staging().display().to_string();
+        let mounts = std::fs::read_to_string("/proc/mounts").expect("/proc/mounts");
+        let source = mounts
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split(' ');
+                Some((f.next()?, f.next()?))
+            })
+            .find(|(_, target)| *target == staging)
+            .map(|(source, _)| source.to_owned())
+            .unwrap_or_else(|| panic!("{staging} is not mounted"));
+        PathBuf::from(source)
+    }
+
+    fn watchers(&self) -> String {
+        self.cluster
+            .rbd(&["status", &self.spec()])
+            .expect("rbd status")
+    }
+}
+
+impl Drop for Volume<'_> {
+    fn drop(&mut self) {
+        let dir = self.dir.display().to_string();
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let mut ours: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(1))
+            .filter(|m| m.starts_with(&dir))
+            .collect();
+        ours.sort_unstable_by(|a, b| b.cmp(a));
+        for m in ours {
+            let _ = Command::new("umount").args(["-l", m]).status();
+        }
+        // Only what is still mapped is unmapped (each CLI start costs seconds under emulation).
+        let spec = self.spec();
+        for id in krbd_devices() {
+            let name = std::fs::read_to_string(format!("/sys/bus/rbd/devices/{id}/name"));
+            if name.is_ok_and(|n| n.trim() == self.image) {
+                let _ = Command::new("rbd")
+                    .args(["unmap", "-o", "force", &format!("/dev/rbd{id}")])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+        let nbd_in_use = std::fs::read_dir("/sys/block").is_ok_and(|d| {
+            d.flatten().any(|e| {
+                e.file_name().to_string_lossy().starts_with("nbd") && e.path().join("pid").exists()
+            })
+        });
+        if nbd_in_use {
+            let _ = Command::new("rbd-nbd")
+                .args(["unmap", &spec])
+                .stderr(Stdio::null())
+                .status();
+        }
+        // The image stays: the guest's cluster, like everything else in the guest, is gone
+        // when the VM stops.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn mounted(path: &Path) -> bool {
+    let p = path.display().to_string();
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(p.as_str()))
+}
+
+fn krbd_devices() -> Vec<String> {
+    std::fs::read_dir("/sys/bus/rbd/devices")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn write_file(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}
+
+/// Writes `data` at the start of a block device (O_DIRECT-free, then fsync).
+fn write_block(path: &Path, data: &[u8]) {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open block target");
+    f.write_all(data).expect("write block");
+    f.sync_all().expect("fsync block");
+}
+
+fn read_block(path: &Path, len: usize) -> Vec<u8> {
+    use std::io::Read;
+    let mut buf = vec![0; len];
+    std::fs::File::open(path)
+        .expect("open block target")
+        .read_exact(&mut buf)
+        .expect("read block");
+    buf
+}
+
+fn plugin_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vm-plugin-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("plugin dir");
+    dir
+}
+
+async fn stats(node: &mut NodeClient<Channel>, vol: &Volume<'_>) -> (i64, i64) {
+    let resp = node
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: vol.id(),
+            volume_path: vol.target().display().to_string(),
+            staging_target_path: vol.staging().display().to_string(),
+        })
+        .await
+        .expect("NodeGetVolumeStats")
+        .into_inner();
+    let bytes = resp
+        .usage
+        .iter()
+        .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
+        .expect("bytes usage");
+    (bytes.total, bytes.used)
+}
+
+async fn expand(node: &mut NodeClient<Channel>, vol: &Volume<'_>, mib: u64) {
+    vol.rados
+        .resize_image(&vol.cluster.pool, &vol.image, mib << 20, false)
+        .await
+        .expect("growing the image");
+    node.node_expand_volume(NodeExpandVolumeRequest {
+        volume_id: vol.id(),
+        volume_path: vol.target().display().to_string(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: i64::try_from(mib << 20).expect("size"),
+            limit_bytes: 0,
+        }),
+        staging_target_path: vol.staging().display().to_string(),
+        volume_capability: Some(vol.capability()),
+        ..Default::default()
+    })
+    .await
+    .expect("NodeExpandVolume");
+}
+
+/// A filesystem volume round trip: write, detach, attach again, read back; with every call
+/// repeated (idempotence) and stats on the real mount.
+async fn filesystem_round_trip(
+    vol: &Volume<'_>,
+    node: &mut NodeClient<Channel>,
+    device_prefix: &str,
+) {
+    vol.attach(node, false).await;
+    let device = vol.device();
+    assert!(
+        device.display().to_string().starts_with(device_prefix),
+        "staged on {} (expected {device_prefix}*)",
+        device.display()
+    );
+    // repeats of stage and publish succeed and change nothing
+    vol.stage(node).await.expect("repeated NodeStageVolume");
+    vol.publish(node, false).await;
+    assert_eq!(vol.device(), device, "a repeated stage mapped again");
+    write_file(&vol.target().join("data"), b"written through the kernel").expect("write");
+    let (total, used) = stats(node, vol).await;
+    assert!(
+        total > 40 << 20 && total <= 64 << 20 && used > 0,
+        "stats of a 64 MiB volume: total {total}, used {used}"
+    );
+    vol.unpublish(node).await;
+    vol.unpublish(node).await; // repeat
+    vol.unstage(node).await;
+    vol.unstage(node).await; // repeat
+    assert!(!mounted(&vol.staging()) && !mounted(&vol.target()));
+    vol.attach(node, false).await;
+    assert_eq!(
+        std::fs::read(vol.target().join("data")).expect("read back"),
+        b"written through the kernel"
+    );
+    vol.detach(node).await;
+}
+
+async fn block_round_trip(vol: &Volume<'_>, node: &mut NodeClient<Channel>, device_prefix: &str) {
+    vol.attach(node, false).await;
+    assert!(
+        vol.device()
+            .display()
+            .to_string()
+            .starts_with(device_prefix)
+    );
+    vol.stage(node).await.expect("repeated NodeStageVolume");
+    vol.publish(node, false).await;
+    let pattern: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+    write_block(&vol.target(), &pattern);
+    vol.detach(node).await;
+    vol.unpublish(node).await;
+    vol.unstage(node).await;
+    vol.attach(node, false).await;
+    assert_eq!(read_block(&vol.target(), pattern.len()), pattern);
+    vol.detach(node).await;
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_krbd_maps_on_a_msgr2_only_cluster_without_map_options() {
+    guest(|| async {
+        // micro-ceph speaks msgr2 only; its monitors are a bare 127.0.0.1:PORT, which `rbd map`
+        // reads as msgr2: without ms_mode it fails with "possible ms_mode mismatch".
+        let plugin = Plugin::start(&plugin_dir("msgr2"), &["--default-mounter=rbd"]);
+        let mut node = plugin.client().await;
+        let mut vol = Volume::new("msgr2-only", "krbd", 64).await;
+        vol.block = true;
+        vol.stage(&mut node)
+            .await
+            .unwrap_or_else(|e| panic!("krbd stage on a msgr2-only cluster: {}", e.message()));
+        assert_eq!(krbd_devices().len(), 1, "one /dev/rbd device");
+        vol.unstage(&mut node).await;
+        assert!(krbd_devices().is_empty());
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_krbd_maps_on_a_msgr1_and_msgr2_cluster() {
+    guest(|| async {
+        let cluster =
+            micro_ceph::MicroCeph::start_with(&[("MSGR1", "1")]).expect("msgr1+msgr2 cluster");
+        let v1 = cluster.monitors_v1.clone().expect("the msgr1 address");
+        let plugin = Plugin::start(&plugin_dir("dual"), &[]);
+        let mut node = plugin.client().await;
+        // Through its msgr2 address (ms_mode=prefer-crc chosen) and its msgr1 address (no
+        // ms_mode: the kernel's legacy msgr1), each a filesystem written and read back.
+        for (name, monitors) in [
+            ("dual-v2", cluster.monitors.as_str()),
+            ("dual-v1", v1.as_str()),
+        ] {
+            let vol = Volume::on(&cluster, monitors, name, "krbd", 64).await;
+            vol.attach(&mut node, false).await;
+            write_file(&vol.target().join("f"), name.as_bytes()).expect("write");
+            vol.detach(&mut node).await;
+            vol.attach(&mut node, false).await;
+            assert_eq!(
+                std::fs::read(vol.target().join("f")).expect("read"),
+                name.as_bytes()
+            );
+            vol.detach(&mut node).await;
+        }
+        assert!(krbd_devices().is_empty());
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_map_options_reach_rbd_map_and_unmap() {
+    guest(|| async {
+        let plugin = Plugin::start(&plugin_dir("options"), &["--krbd-map-options=noudev"]);
+        let mut node = plugin.client().await;
+        let mut vol = Volume::new("options", "krbd", 64).await;
+        vol.block = true;
+        // The class's ms_mode wins over the default: legacy cannot reach msgr2-only monitors.
+        vol.context.insert(
+            "mapOptions".into(),
+            "krbd:ms_mode=legacy;nbd:try-netlink".into(),
+        );
+        let err = vol
+            .stage(&mut node)
+            .await
+            .expect_err("legacy on msgr2-only");
+        assert!(
+            err.message().contains("ms_mode"),
+            "the map error names ms_mode: {}",
+            err.message()
+        );
+        assert!(krbd_devices().is_empty());
+        // secure (msgr2 with encryption) maps; unmapOptions force is passed to rbd unmap
+        vol.context.insert(
+            "mapOptions".into(),
+            "krbd:ms_mode=secure,queue_depth=32".into(),
+        );
+        vol.context
+            .insert("unmapOptions".into(), "krbd:force".into());
+        vol.stage(&mut node)
+            .await
+            .expect("stage with ms_mode=secure");
+        let devs = krbd_devices();
+        assert_eq!(devs.len(), 1);
+        let nr = std::fs::read_to_string(format!("/sys/block/rbd{}/queue/nr_requests", devs[0]))
+            .expect("nr_requests");
+        assert_eq!(nr.trim(), "32", "queue_depth=32 reached the kernel");
+        vol.unstage(&mut node).await;
+        assert!(krbd_devices().is_empty());
+        // a malformed option is refused by the node too, naming it
+        vol.context
+            .insert("mapOptions".into(), "krbd:secret=x".into());
+        let err = vol.stage(&mut node).await.expect_err("secret option");
+        assert!(
+            err.message().contains("volume_context.mapOptions"),
+            "{}",
+            err.message()
+        );
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_krbd_ext4_filesystem_round_trip_with_idempotent_repeats() {
+    guest(|| async {
+        let plugin = Plugin::start(&plugin_dir("krbd-ext4"), &[]);
+        let mut node = plugin.client().await;
+        let vol = Volume::new("krbd-ext4", "krbd", 64).await;
+        filesystem_round_trip(&vol, &mut node, "/dev/rbd").await;
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_krbd_xfs_filesystem_online_expansion() {
+    guest(|| async {
+        let plugin = Plugin::start(&plugin_dir("krbd-xfs"), &[]);
+        let mut node = plugin.client().await;
+        let mut vol = Volume::new("krbd-xfs", "krbd", 320).await;
+        vol.fs_type = "xfs".into();
+        vol.attach(&mut node, false).await;
+        write_file(&vol.target().join("before"), b"x").expect("write");
+        let (before, _) = stats(&mut node, &vol).await;
+        expand(&mut node, &vol, 640).await;
+        let (after, _) = stats(&mut node, &vol).await;
+        assert!(
+            after > before + (250 << 20),
+            "xfs grew online: {before} -> {after}"
+        );
+        write_file(&vol.target().join("after"), b"y").expect("write after growing");
+        vol.detach(&mut node).await;
+        assert!(krbd_devices().is_empty());
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_krbd_ext4_online_expansion() {
+    guest(|| async {
+        let plugin = Plugin::start(&plugin_dir("krbd-ext4-grow"), &[]);
+        let mut node = plugin.client().await;
+        let vol = Volume::new("krbd-ext4-grow", "krbd", 64).await;
+        vol.attach(&mut node, false).await;
+        let (before, _) = stats(&mut node, &vol).await;
+        expand(&mut node, &vol, 128).await;
+        let (after, _) = stats(&mut node, &vol).await;
+        assert!(
+            after > before + (50 << 20),
+            "ext4 grew online: {before} -> {after}"
+        );
+        vol.detach(&mut node).await;
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_krbd_block_volume_round_trip() {
+    guest(|| async {
+        let plugin = Plugin::start(&plugin_dir("krbd-block"), &[]);
+        let mut node = plugin.client().await;
+        let mut vol = Volume::new("krbd-block", "krbd", 64).await;
+        vol.block = true;
+        block_round_trip(&vol, &mut node, "/dev/rbd").await;
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_krbd_unstage_leaves_no_device_mount_or_watcher() {
+    guest(|| async {
+        let plugin = Plugin::start(&plugin_dir("krbd-clean"), &[]);
+        let mut node = plugin.client().await;
+        let vol = Volume::new("krbd-clean", "krbd", 64).await;
+        vol.attach(&mut node, false).await;
+        let device = vol.device();
+        let name = device
+            .file_name()
+            .expect("device name")
+            .to_string_lossy()
+            .into_owned();
+        assert!(vol.watchers().contains("watcher="), "mapped: a watcher");
+        vol.detach(&mut node).await;
+        assert!(
+            !mounted(&vol.staging()) && !mounted(&vol.target()),
+            "still mounted"
+        );
+        assert!(
+            krbd_devices().is_empty(),
+            "rbd devices left: {:?}",
+            krbd_devices()
+        );
+        assert!(!device.exists(), "{} still exists", device.display());
+        assert!(
+            !Path::new(&format!("/sys/block/{name}")).exists(),
+            "/sys/block/{name} (and its holders) still there"
+        );
+        let dm = sh("ls /sys/block | grep -c '^dm-' || true");
+        assert_eq!(dm.trim(), "0", "a device-mapper holder was left");
+        assert!(
+            vol.watchers().contains("none"),
+            "a watcher is left on the image: {}",
+            vol.watchers()
+        );
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_nbd_filesystem_round_trip() {
+    guest(|| async {
+        let plugin = Plugin::start(&plugin_dir("nbd-ext4"), &[]);
+        let mut node = plugin.client().await;
+        let vol = Volume::new("nbd-ext4", "rbd-nbd", 64).await;
+        filesystem_round_trip(&vol, &mut node, "/dev/nbd").await;
+        assert!(vol.watchers().contains("none"), "{}", vol.watchers());
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_nbd_block_volume_round_trip() {
+    guest(|| async {
+        let plugin = Plugin::start(&plugin_dir("nbd-block"), &[]);
+        let mut node = plugin.client().await;
+        let mut vol = Volume::new("nbd-block", "rbd-nbd", 64).await;
+        vol.block = true;
+        block_round_trip(&vol, &mut node, "/dev/nbd").await;
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_rox_publish_is_read_only() {
+    guest(|| async {
+        let plugin = Plugin::start(&plugin_dir("rox"), &[]);
+        let mut node = plugin.client().await;
+        let mut vol = Volume::new("rox", "krbd", 64).await;
+        // a filesystem with a file, made by a writer
+        vol.attach(&mut node, false).await;
+        write_file(&vol.target().join("seed"), b"seed").expect("write");
+        vol.detach(&mut node).await;
+        // then staged and published for readers only
+        vol.mode = Mode::MultiNodeReaderOnly;
+        vol.attach(&mut node, true).await;
+        assert_eq!(
+            std::fs::read(vol.target().join("seed")).expect("read"),
+            b"seed"
+        );
+        let err = write_file(&vol.target().join("new"), b"no").expect_err("write on ROX");
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+        vol.detach(&mut node).await;
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_rox_staging_mount_is_read_only() {
+    guest(|| async {
+        let plugin = Plugin::start(&plugin_dir("rox-staging"), &[]);
+        let mut node = plugin.client().await;
+        let mut vol = Volume::new("rox-staging", "krbd", 64).await;
+        vol.attach(&mut node, false).await;
+        vol.detach(&mut node).await;
+        // Staged for readers only: nothing on the node may write the shared filesystem, the
+        // staging mount included (a read-write mount replays and writes the journal).
+        vol.mode = Mode::MultiNodeReaderOnly;
+        vol.stage(&mut node).await.expect("NodeStageVolume (ROX)");
+        let result = write_file(&vol.staging().join("new"), b"no");
+        vol.unstage(&mut node).await;
+        let err = result.expect_err("a write on the ROX staging mount succeeded");
+        assert_eq!(
+            err.raw_os_error(),
+            Some(libc::EROFS),
+            "staging mount: {err}"
+        );
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_nbd_volume_keeps_working_across_a_node_plugin_restart() {
+    guest(|| async {
+        let mut plugin = Plugin::start(&plugin_dir("nbd-restart"), &[]);
+        let mut node = plugin.client().await;
+        let vol = Volume::new("nbd-restart", "rbd-nbd", 64).await;
+        vol.attach(&mut node, false).await;
+        write_file(&vol.target().join("before"), b"before").expect("write");
+        plugin.restart();
+        let mut node = plugin.client().await;
+        // the published volume still takes writes that reach the image
+        write_file(&vol.target().join("after"), b"after restart")
+            .expect("write after the plugin restarted");
+        sh("sync");
+        vol.detach(&mut node).await;
+        vol.attach(&mut node, false).await;
+        assert_eq!(
+            std::fs::read(vol.target().join("after")).expect("read back"),
+            b"after restart"
+        );
+        vol.detach(&mut node).await;
+    });
+}
