@@ -53,16 +53,7 @@ const GUEST_TESTS: &[&str] = &[
 
 /// Guest tests of behaviour the node does not have yet, with why: they run and their result is
 /// reported loudly, but a failure does not fail `vm_suite` (a pass says to move them out).
-const PENDING: &[(&str, &str)] = &[
-    (
-        "guest_rox_staging_mount_is_read_only",
-        "the node stages read-only volumes with a read-write filesystem mount",
-    ),
-    (
-        "guest_nbd_volume_keeps_working_across_a_node_plugin_restart",
-        "rbd-nbd daemons are children of the plugin and die with its container",
-    ),
-];
+const PENDING: &[(&str, &str)] = &[];
 
 fn in_guest() -> bool {
     std::env::var_os(GUEST_ENV).is_some()
@@ -1060,7 +1051,11 @@ fn guest_rox_staging_mount_is_read_only() {
 #[ignore = "runs inside the VM: vm_suite"]
 fn guest_nbd_volume_keeps_working_across_a_node_plugin_restart() {
     guest(|| async {
-        let mut plugin = Plugin::start(&plugin_dir("nbd-restart"), &[]);
+        // as deploy/csi/node.yaml runs it: the rbd-nbd daemons in a cgroup of their own
+        let mut plugin = Plugin::start(
+            &plugin_dir("nbd-restart"),
+            &["--daemon-cgroup=/sys/fs/cgroup/vm-test-daemons"],
+        );
         let mut node = plugin.client().await;
         let vol = Volume::new("nbd-restart", "rbd-nbd", 64).await;
         vol.attach(&mut node, false).await;
