@@ -14,6 +14,8 @@ export TMPDIR
 TMPDIR=$(mktemp -d /tmp/rbd-provisioner-test.XXXXXX)
 cleanup() {
   rc=$?
+  # background work (the release roots' download, the VM suite) ends with the run
+  jobs -p | xargs -r kill 2>/dev/null
   # Whatever a killed test left mounted under TMPDIR goes first: removing files through a live
   # rbd-fuse mount would delete RBD images, and rm must never cross into a mount.
   losetup -l -n -O NAME,BACK-FILE 2>/dev/null | while read -r dev back; do
@@ -51,9 +53,15 @@ counts() {
 }
 status=0
 echo "== cargo test"
-cargo test --workspace --no-fail-fast 2>&1 | tee "$TMPDIR/test.log" || status=1
+# everything but the VM suite, which runs below beside the release matrix (one core of TCG)
+cargo test --workspace --no-fail-fast -- --skip vm_suite 2>&1 | tee "$TMPDIR/test.log" || status=1
 read -r passed failed < <(counts "$TMPDIR/test.log")
 summary=("tests (Ceph $(ceph --version | awk '{print $3}'), the host's): $passed passed, $failed failed")
+
+# The kernel data path in a VM (crates/rbd-provisioner/tests/vm_kernel.rs), its guest tests shown.
+cargo test -p rbd-provisioner --test vm_kernel --no-fail-fast -- --nocapture vm_suite \
+  >"$TMPDIR/test-vm.log" 2>&1 &
+vm_pid=$!
 
 # The Ceph-facing suites again against newer releases' clusters (Debian trixie's and sid's Ceph,
 # run from a chroot by micro-ceph.sh), with this build's client. Keys of type aes: a client before
@@ -88,6 +96,13 @@ if [ -f "${root:-}/.complete" ] && [ "$release" = tentacle ]; then
   read -r passed failed < <(counts "$TMPDIR/test-tentacle-defaults.log")
   summary+=("tentacle with its default keys: $passed passed, $failed failed")
 fi
+
+echo "== the VM suite (kernel rbd and nbd; it ran beside the release suites)"
+wait "$vm_pid" || status=1
+cat "$TMPDIR/test-vm.log"
+vm_result=$(awk '$1 == "test" && $2 == "vm_suite" && $3 == "..." {print $4}' "$TMPDIR/test-vm.log")
+guest=$(grep -Ec '^test guest_.* \.\.\. ok$' "$TMPDIR/test-vm.log" || true)
+summary+=("the VM suite: vm_suite ${vm_result:-did not run}, $guest guest tests passed in the VM")
 
 printf '%s\n' "${summary[@]}"
 exit "$status"
