@@ -166,7 +166,7 @@ pub const UNTHROTTLED: &str = "unthrottled";
 /// The emulator's PV controller limited like kube-controller-manager by default (20 qps, burst 30
 /// per controller client).
 pub const DEFAULT_CONTROL_PLANE: &str = "default control plane";
-/// The real-cluster figure for the default control plane (issue 14: kube-apiserver 1.36 +
+/// The real-cluster figure for the default control plane (kube-apiserver 1.36 +
 /// kube-controller-manager + micro-ceph, our provisioner with defaults): 100 PVCs Bound in 24.8 s.
 const REAL_CLUSTER_100_BOUND_S: f64 = 24.8;
 
@@ -439,7 +439,7 @@ pub fn requests_breakdown(runs: &[RunResult]) -> String {
     s
 }
 
-/// The default control plane against the real cluster (issue 14: within ~20 %).
+/// The default control plane against the real cluster (within ~20 %).
 fn check_real_cluster(r: &RunResult) -> Check {
     let measured = if r.bound == r.claims {
         r.bind_time_s

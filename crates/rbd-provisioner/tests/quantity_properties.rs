@@ -4,7 +4,7 @@
 //!
 //! For every positive request: the image is the request rounded up to whole MiB (or a clear
 //! error naming the largest image), the capacity is never below the request, and the expansion
-//! controller sees nothing to do for any request at or below the capacity (issue 17: `1G` is
+//! controller sees nothing to do for any request at or below the capacity (`1G` is
 //! provisioned as `954Mi`, which is no reason for a "cannot shrink" warning).
 //!
 //! The binary's claim module is compiled in with `#[path]` (as in bad_input.rs), so the real

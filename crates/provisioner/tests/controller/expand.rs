@@ -228,7 +228,7 @@ async fn a_resize_in_progress_shows_on_the_claim_as_the_external_resizer_marks_i
 }
 
 /// Claims in decimal units, milli or plain bytes, on a backend that rounds up to whole MiB
-/// (`1G` becomes 954Mi): Bound with no Warning (issue 17: the capacity above the request is
+/// (`1G` becomes 954Mi): Bound with no Warning (the capacity above the request is
 /// not a shrink), and growing one resizes it once.
 #[tokio::test]
 async fn rounded_up_capacity_is_not_a_shrink() {
