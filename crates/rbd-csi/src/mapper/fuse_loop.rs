@@ -45,6 +45,14 @@ use crate::{exec, mount};
 /// How long to wait for an `rbd-fuse` mount to appear or a process to exit.
 const FUSE_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(20);
+/// How often [`FuseLoopMapper::map_with`] attaches an image before it gives up on an `rbd-fuse`
+/// that keeps exiting. Ceph's rbd-fuse (seen with 16.2) is not thread-safe when it first opens an
+/// image: a second request for the image while `rbd_open` is in flight finds the half-made entry
+/// and crashes on its null handle (SIGSEGV in `rbd_stat`), leaving the mount dead
+/// ("transport endpoint is not connected") and the fresh loop device answering EIO. The map
+/// looks the image up alone first, reads the device's first block, and on a dead mount
+/// detaches, restarts rbd-fuse and attaches again.
+const ATTACH_ATTEMPTS: u32 = 3;
 
 /// The `rbd-fuse` instance and image file behind a loop device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -268,49 +276,80 @@ impl Mapper for FuseLoopMapper {
         let dir = self.instance_dir(image);
         let slot = self.instance(&dir);
         let mut instance = slot.lock().await;
-        let mnt = self
-            .ensure_instance(&mut instance, &dir, image, key)
-            .await?;
-        let attachment = FuseAttachment {
-            instance_dir: dir,
-            mount_point: mnt.clone(),
-            image_file: mnt.join(&image.image),
-        };
-        if let Some(device) = loop_device_for(&attachment.image_file) {
-            return Ok(MappedDevice {
-                mounter: MounterKind::FuseLoop,
-                device,
-                fuse: Some(attachment),
-            });
-        }
-        let image_file = attachment.image_file.clone();
-        if !blocking("checking", move || Ok(image_file.exists())).await? {
-            if loop_devices_under(&mnt).is_empty() {
-                self.teardown_instance(&mut instance, &attachment).await?;
+        let mut attempt = 1;
+        loop {
+            let mnt = self
+                .ensure_instance(&mut instance, &dir, image, key)
+                .await?;
+            let attachment = FuseAttachment {
+                instance_dir: dir.clone(),
+                mount_point: mnt.clone(),
+                image_file: mnt.join(&image.image),
+            };
+            if let Some(device) = loop_device_for(&attachment.image_file) {
+                return Ok(MappedDevice {
+                    mounter: MounterKind::FuseLoop,
+                    device,
+                    fuse: Some(attachment),
+                });
             }
-            return Err(MapError::ImageNotFound {
-                pool: ceph_rbd::pool_spec(&image.pool, &image.namespace),
-                image: image.image.clone(),
-            });
-        }
-        let file = attachment.image_file.to_string_lossy().into_owned();
-        let args: &[&str] = if options.read_only {
-            &["-r", "-f", "--show", &file]
-        } else {
-            &["-f", "--show", &file]
-        };
-        match exec::run("losetup", args).await {
-            Ok(out) => Ok(MappedDevice {
-                mounter: MounterKind::FuseLoop,
-                device: parse_device_output("losetup", &out.stdout)?,
-                fuse: Some(attachment),
-            }),
-            Err(e) => {
+            // The first lookup opens the image in rbd-fuse, alone: see `ATTACH_ATTEMPTS`.
+            let image_file = attachment.image_file.clone();
+            if !blocking("checking", move || Ok(image_file.exists())).await? {
+                if loop_devices_under(&mnt).is_empty() {
+                    self.teardown_instance(&mut instance, &attachment).await?;
+                }
+                return Err(MapError::ImageNotFound {
+                    pool: ceph_rbd::pool_spec(&image.pool, &image.namespace),
+                    image: image.image.clone(),
+                });
+            }
+            let file = attachment.image_file.to_string_lossy().into_owned();
+            let args: &[&str] = if options.read_only {
+                &["-r", "-f", "--show", &file]
+            } else {
+                &["-f", "--show", &file]
+            };
+            let device = match exec::run("losetup", args).await {
+                Ok(out) => parse_device_output("losetup", &out.stdout)?,
+                Err(e) => {
+                    if loop_devices_under(&mnt).is_empty() {
+                        let _ = self.teardown_instance(&mut instance, &attachment).await;
+                    }
+                    return Err(e.into());
+                }
+            };
+            let Err(read_error) = read_first_block(&device).await else {
+                return Ok(MappedDevice {
+                    mounter: MounterKind::FuseLoop,
+                    device,
+                    fuse: Some(attachment),
+                });
+            };
+            // Not usable: detach it again, and start a fresh rbd-fuse if this one is gone.
+            let backing = attachment.image_file.clone();
+            exec::run("losetup", &["-d", &device.to_string_lossy()]).await?;
+            wait_detached(&device, &backing).await?;
+            let probe = mnt.clone();
+            let gone = blocking("checking", move || Ok(std::fs::metadata(&probe).is_err())).await?;
+            if !gone || attempt == ATTACH_ATTEMPTS {
                 if loop_devices_under(&mnt).is_empty() {
                     let _ = self.teardown_instance(&mut instance, &attachment).await;
                 }
-                Err(e.into())
+                return Err(MapError::io(
+                    "reading the first block of",
+                    device.display(),
+                    read_error,
+                ));
             }
+            tracing::warn!(
+                mount_point = %mnt.display(),
+                image = %image.image,
+                attempt,
+                "rbd-fuse exited while the image was attached (a known rbd-fuse race when it first \
+                 opens an image); restarting it"
+            );
+            attempt += 1;
         }
     }
 
@@ -343,6 +382,10 @@ impl Mapper for FuseLoopMapper {
         let Some(fuse) = &mapped.fuse else {
             return Ok(());
         };
+        // Serialised with maps and unmaps of the instance: rbd-fuse's image table is not
+        // thread-safe (`ATTACH_ATTEMPTS`).
+        let slot = self.instance(&fuse.instance_dir);
+        let _instance = slot.lock().await;
         let file = fuse.image_file.clone();
         blocking("refreshing size of", move || {
             let current = std::fs::metadata(&file)
@@ -365,6 +408,19 @@ impl Mapper for FuseLoopMapper {
         exec::run("losetup", &["-c", &mapped.device.to_string_lossy()]).await?;
         Ok(())
     }
+}
+
+/// Reads (up to) the first 4 KiB of a freshly attached loop device: proof that its rbd-fuse
+/// serves it.
+async fn read_first_block(device: &Path) -> Result<(), std::io::Error> {
+    use std::io::Read;
+    let device = device.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut buf = [0u8; 4096];
+        std::fs::File::open(&device)?.read(&mut buf).map(drop)
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 /// Whether a loop device backed by `backing` serves the attachment's image: the image file, or
