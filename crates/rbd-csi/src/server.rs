@@ -7,7 +7,7 @@
 //! [`SOCKET_CHECK`], and the kubelet's plugin watcher sees it as a new plugin socket.
 
 use std::future::Future;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -75,11 +75,34 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, CsiError> {
             source,
         })?;
     }
-    UnixListener::bind(path).map_err(|source| CsiError::Io {
+    // Bound under a temporary name, made owner-only (0600: the kubelet and the sidecars run as
+    // root), then renamed into place: the socket is never reachable with the umask's mode. The
+    // temporary name starts with a dot, which the kubelet's plugin watcher ignores.
+    let name = path.file_name().ok_or_else(|| {
+        CsiError::Config(format!("socket path {} has no file name", path.display()))
+    })?;
+    let mut staged_name = std::ffi::OsString::from(".");
+    staged_name.push(name);
+    staged_name.push(format!(".{}.new", std::process::id()));
+    let staged = path.with_file_name(staged_name);
+    let _ = std::fs::remove_file(&staged);
+    let listener = UnixListener::bind(&staged).map_err(|source| CsiError::Io {
         what: "binding",
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    let placed = std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+        .map_err(|source| ("setting the mode of", source))
+        .and_then(|()| std::fs::rename(&staged, path).map_err(|source| ("placing", source)));
+    if let Err((what, source)) = placed {
+        let _ = std::fs::remove_file(&staged);
+        return Err(CsiError::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        });
+    }
+    Ok(listener)
 }
 
 /// How often the registration socket's file is checked for removal.

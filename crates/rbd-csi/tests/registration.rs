@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
 use common::{TestServer, connect};
@@ -25,6 +26,17 @@ async fn kubelet_learns_type_name_endpoint_and_versions() {
     .await;
     let socket = registry_dir.join("rbd.provisioner.ceph.io-reg.sock");
     common::wait_for_socket(&socket).await;
+    // Both sockets are owner-only, and nothing else (no temporary name) is left in the
+    // registry directory the kubelet watches.
+    for path in [&socket, &server.socket] {
+        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{} has mode {mode:o}", path.display());
+    }
+    let names: Vec<_> = std::fs::read_dir(&registry_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, [socket.file_name().unwrap()]);
     let mut client = RegistrationClient::new(connect(&socket).await);
     let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.r#type, "CSIPlugin");
