@@ -240,3 +240,28 @@ fn the_clusters_component_mounts_the_config_the_flag_names_and_its_classes_parse
         assert!(config.lookup(&id).is_ok(), "{id}");
     }
 }
+
+/// The tenant example: its class parses, keeps the tenant's images in the tenant's RADOS
+/// namespace, maps them with the tenant's own user whose key is in the tenant's namespace, and
+/// the quota names that class.
+#[test]
+fn the_tenant_example_gives_a_tenant_its_namespace_user_and_secret() {
+    let Some(docs) = render("deploy/examples/tenants") else {
+        return;
+    };
+    let class = find(&docs, "StorageClass", "rbd-team-a");
+    let mut params: std::collections::BTreeMap<String, String> =
+        serde_yaml::from_value(class["parameters"].clone()).unwrap();
+    params.insert("monitors".into(), "10.0.0.1:3300".into());
+    let parsed = rbd_provisioner::params::Parameters::parse(&params).unwrap();
+    assert_eq!(parsed.rados_namespace.as_deref(), Some("team-a"));
+    assert_eq!(parsed.user_id, "team-a");
+    assert_eq!(parsed.user_secret_namespace.as_deref(), Some("team-a"));
+    assert_ne!(parsed.admin_id, parsed.user_id);
+    let quota = find(&docs, "ResourceQuota", "no-rbd-team-a");
+    assert_ne!(quota["metadata"]["namespace"], "team-a");
+    assert_eq!(
+        quota["spec"]["hard"]["rbd-team-a.storageclass.storage.k8s.io/persistentvolumeclaims"],
+        "0"
+    );
+}
