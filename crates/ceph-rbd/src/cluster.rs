@@ -1,10 +1,10 @@
 //! The async API: one [`Cluster`] per connection, every call run on the blocking pool and bounded
 //! by the operation timeout.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
@@ -176,22 +176,41 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
-/// Images with a changing operation in flight in this process (`monitors|pool/image`).
-fn in_flight() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
-    static SET: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> =
-        std::sync::OnceLock::new();
-    SET.get_or_init(Default::default)
+/// Images with a changing operation in flight or queued in this process (`monitors|pool/image`):
+/// one FIFO lock per image, present while anyone holds or waits for it.
+fn in_flight() -> &'static std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
+    static MAP: std::sync::OnceLock<
+        std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    > = std::sync::OnceLock::new();
+    MAP.get_or_init(Default::default)
 }
 
-/// Holds an image's in-flight mark; dropping it clears the mark.
-pub(crate) struct InFlight(String);
+/// How many operations may wait for one image at once; one more is refused at once.
+pub const MAX_QUEUED_PER_IMAGE: usize = 64;
+
+/// Drops `key`'s lock from the map when nobody holds or waits for it any more.
+fn forget_if_idle(key: &str) {
+    let mut map = in_flight()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if map
+        .get(key)
+        .is_some_and(|lock| Arc::strong_count(lock) == 1)
+    {
+        map.remove(key);
+    }
+}
+
+/// Holds an image's operation lock; dropping it lets the next queued operation run.
+pub(crate) struct InFlight {
+    key: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        in_flight()
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&self.0);
+        drop(self.guard.take());
+        forget_if_idle(&self.key);
     }
 }
 
@@ -405,7 +424,7 @@ impl Cluster {
         let guard = if read_only {
             None
         } else {
-            Some(self.claim_image(op, pool, name)?)
+            Some(self.claim_image(op, pool, name).await?)
         };
         let name = name.to_string();
         self.with_pool(op, pool, format!("{pool}/{name}"), move |io| {
@@ -415,29 +434,64 @@ impl Cluster {
         .await
     }
 
-    /// Marks `pool/name` as having a changing operation in flight until the guard is dropped
-    /// (by the blocking call itself, so also after our deadline gave up waiting for it).
+    /// Waits for `pool/name`'s turn (first come, first served) and holds it until the guard is
+    /// dropped (by the blocking call itself, so also after our deadline gave up waiting for it):
+    /// two handles of one process on one image would contend for its exclusive lock, and librbd
+    /// does not survive one of them closing mid-request.
     ///
-    /// A second changing operation on the same image meanwhile is refused with
-    /// [`Error::InProgress`]: two handles of one process on one image would contend for its
-    /// exclusive lock, and librbd does not survive one of them closing mid-request.
-    pub(crate) fn claim_image(
+    /// [`Error::InProgress`] when the turn does not come within the operation timeout (the
+    /// operation ahead is still running: Ceph has not answered it), or when
+    /// [`MAX_QUEUED_PER_IMAGE`] operations already wait for the image.
+    pub(crate) async fn claim_image(
         &self,
         op: &'static str,
         pool: &str,
         name: &str,
     ) -> Result<InFlight, Error> {
         let key = format!("{}|{pool}/{name}", self.monitors);
-        let mut set = in_flight()
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !set.insert(key.clone()) {
-            return Err(Error::InProgress {
-                op,
-                target: format!("{pool}/{name}"),
-            });
+        let target = format!("{pool}/{name}");
+        let lock = {
+            let mut map = in_flight()
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let lock = Arc::clone(map.entry(key.clone()).or_default());
+            // the map's reference, the holder's, the waiters' and this one
+            let queued = Arc::strong_count(&lock).saturating_sub(3);
+            if queued >= MAX_QUEUED_PER_IMAGE {
+                return Err(Error::InProgress {
+                    op,
+                    target,
+                    why: format!("{queued} other operations on this image are already queued"),
+                });
+            }
+            lock
+        };
+        let started = Instant::now();
+        match tokio::time::timeout(self.op_timeout, lock.lock_owned()).await {
+            Ok(guard) => {
+                let waited = started.elapsed();
+                if waited > Duration::from_millis(100) {
+                    tracing::debug!(image = %target, op, ?waited, "waited for the operation ahead on the image");
+                }
+                Ok(InFlight {
+                    key,
+                    guard: Some(guard),
+                })
+            }
+            Err(_) => {
+                forget_if_idle(&key);
+                Err(Error::InProgress {
+                    op,
+                    target,
+                    why: format!(
+                        "the operation ahead of it is still running after {:?} (Ceph has not \
+                         answered it: slow or unreachable, or the image is locked by a client \
+                         that died)",
+                        self.op_timeout
+                    ),
+                })
+            }
         }
-        Ok(InFlight(key))
     }
 
     /// Creates an image of `size` bytes. A plain image (see `create`: format 2, plain features,
@@ -455,7 +509,7 @@ impl Cluster {
         if let Some(f) = opts.features {
             f.validate()?;
         }
-        let guard = self.claim_image(op, pool, name)?;
+        let guard = self.claim_image(op, pool, name).await?;
         let (name, opts) = (name.to_string(), opts.clone());
         let target = format!("{pool}/{name}");
         self.with_pool(op, pool, target.clone(), move |io| {
@@ -529,7 +583,7 @@ impl Cluster {
         check: impl FnOnce(&BTreeMap<String, String>) -> Result<(), String> + Send + 'static,
     ) -> Result<Result<(), String>, Error> {
         check_image_name("remove image", pool, name)?;
-        let guard = self.claim_image("remove image", pool, name)?;
+        let guard = self.claim_image("remove image", pool, name).await?;
         let name = name.to_string();
         let target = format!("{pool}/{name}");
         self.with_pool("remove image", pool, target.clone(), move |io| {

@@ -50,10 +50,13 @@ pub enum Error {
     /// An earlier changing operation on this image, in this process, has not returned yet
     /// (it outlived its deadline: Ceph is slow, or the image's lock holder died and its watch
     /// has not expired). Retry later.
-    #[error(
-        "{op} {target}: an earlier operation on this image is still running: Ceph has not answered it (slow or unreachable), or the image is locked by a client that died; retry later"
-    )]
-    InProgress { op: &'static str, target: Target },
+    #[error("{op} {target}: another operation on this image is in progress: {why}; retry later")]
+    InProgress {
+        op: &'static str,
+        target: Target,
+        /// Why this one did not get its turn.
+        why: String,
+    },
     /// Any other failure, with the raw errno.
     #[error("{op} {target}: {} (errno {errno})", errno_text(*errno))]
     Other {

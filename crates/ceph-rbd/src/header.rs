@@ -125,7 +125,7 @@ impl Cluster {
     ) -> Result<(), Error> {
         let op = "set image metadata";
         check_image_name(op, pool, name)?;
-        let guard = self.claim_image(op, pool, name)?;
+        let guard = self.claim_image(op, pool, name).await?;
         let name = name.to_string();
         let target = format!("{pool}/{name}");
         self.with_pool(op, pool, target.clone(), move |io| {
