@@ -260,6 +260,25 @@ async fn assert_same_identity(cluster: &ceph_rbd::Cluster, spec: &str, name: &st
 async fn plain_images_are_created_without_librbd_as_librbd_creates_them() {
     let _turn = COUNTER.lock().await;
     let cluster = connect().await;
+    // librbd validates a pool ("overwrite validated" in rbd_info) when it first creates an image
+    // there; until then images are created through librbd. Make sure that happened, whichever
+    // test of this binary runs first.
+    let validate = unique("validate");
+    micro_ceph::cluster()
+        .rbd(&[
+            "create",
+            "--size",
+            "1M",
+            &format!("{}/{validate}", pool_name()),
+        ])
+        .unwrap();
+    micro_ceph::cluster()
+        .rbd(&[
+            "rm",
+            "--no-progress",
+            &format!("{}/{validate}", pool_name()),
+        ])
+        .unwrap();
     let ns = unique("create-ns");
     cluster.namespace_create(&pool_name(), &ns).await.unwrap();
     let owner = vec![
