@@ -526,6 +526,7 @@ pub async fn depth(cluster: &Cluster, pool: &str, image: &str) -> Result<u32, Er
 /// Called on every attempt, after the owner record: a flatten may outlast the attempt (librbd
 /// goes on with it; this process answers `InProgress` meanwhile) or be cut by a crash, and the
 /// next attempt finds the parent gone (depth 0) or flattens again (librbd skips what is copied).
+/// A clone that records its own depth within the limit and still has its parent is done.
 async fn bound_depth(
     cluster: &Cluster,
     pool: &str,
@@ -533,6 +534,14 @@ async fn bound_depth(
     recorded: Option<&String>,
 ) -> Result<u32, Error> {
     let parent = cluster.parent(pool, image).await?;
+    let recorded_depth = recorded
+        .and_then(|d| d.parse::<u32>().ok())
+        .filter(|d| *d <= MAX_CHAIN_DEPTH);
+    if let (Some(_), Some(bounded)) = (&parent, recorded_depth) {
+        // bounded when it was made (its own depth is written only then): a retry of a finished
+        // restore whose snapshot went to the trash since does not flatten it
+        return Ok(bounded);
+    }
     let depth = match &parent {
         None => 0,
         Some(parent) if parent.in_trash => MAX_CHAIN_DEPTH + 1,

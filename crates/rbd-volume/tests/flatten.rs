@@ -559,3 +559,49 @@ async fn a_restore_whose_snapshot_was_trashed_after_a_crash_is_completed_by_the_
     assert_eq!(delete_volume(&cluster, image).await, Deleted::Removed);
     assert_eq!(delete_volume(&cluster, source).await, Deleted::Removed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_finished_restore_whose_snapshot_was_trashed_since_is_not_flattened() {
+    let cluster = cluster().await;
+    let source = "trashed-later-src";
+    rbd_volume::ensure(
+        &cluster,
+        &NewImage {
+            pool: pool(),
+            image: source,
+            size: 8 * MIB,
+            options: &CreateOptions::default(),
+            owner: &owner(source),
+            fit: Fit::Grow,
+        },
+        &Hooks::default(),
+    )
+    .await
+    .unwrap();
+    let snap = snapshot(&cluster, source, "trashed-later-snapshot")
+        .await
+        .unwrap();
+    let image = "trashed-later-restore";
+    restore(&cluster, image, 8 * MIB, &snap.image)
+        .await
+        .unwrap();
+    assert_eq!(
+        rbd_volume::delete_snapshot(&cluster, pool(), &snap.image)
+            .await
+            .unwrap(),
+        SnapshotDeleted::Trashed
+    );
+
+    let again = restore(&cluster, image, 8 * MIB, &snap.image)
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, Outcome::Reused);
+    let parent = cluster.parent(pool(), image).await.unwrap();
+    assert!(
+        parent.is_some_and(|p| p.in_trash),
+        "a finished restore keeps its trashed parent until it is deleted"
+    );
+
+    assert_eq!(delete_volume(&cluster, image).await, Deleted::Removed);
+    assert_eq!(delete_volume(&cluster, source).await, Deleted::Removed);
+}
