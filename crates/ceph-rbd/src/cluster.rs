@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use crate::raw::{IoCtx, Rados};
+use crate::raw::{IoCtx, Rados, WriteStep};
 use crate::{ClusterConfig, Error};
 
 /// Options for creating or cloning an image. `Default` gives librbd's defaults, format 2.
@@ -566,6 +566,43 @@ impl Cluster {
                 format!("{pool}/{name}"),
                 reason,
             )),
+        }
+    }
+
+    /// Takes the name of the partial image `pool/name` (an ID object without header) for a
+    /// repair: `Ok(true)` when this client may remove it (no creator holds the creator lock,
+    /// its lock expired, or this client holds it: the lock is now ours), `Ok(false)` while
+    /// another client holds it (its create may still be running). Without an ID object there
+    /// is nothing to claim: `Ok(true)`.
+    pub async fn claim_partial_image(&self, pool: &str, name: &str) -> Result<bool, Error> {
+        let op = "claim partially created image";
+        check_image_name(op, pool, name)?;
+        let target = format!("{pool}/{name}");
+        let id_object = format!("rbd_id.{name}");
+        let lock = crate::create::creator_lock_op();
+        let result = self
+            .with_pool(op, pool, target.clone(), move |io| {
+                io.write_op(
+                    op,
+                    &target,
+                    &id_object,
+                    &[
+                        WriteStep::AssertExists,
+                        WriteStep::Exec {
+                            class: "lock",
+                            method: "lock",
+                            input: &lock,
+                        },
+                    ],
+                )
+            })
+            .await;
+        match result {
+            // taken, or already ours (this client and cookie: EEXIST), or no ID object
+            Ok(()) => Ok(true),
+            Err(e) if e.is_already_exists() || e.is_not_found() => Ok(true),
+            Err(Error::Busy { .. }) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 

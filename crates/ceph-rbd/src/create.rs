@@ -13,7 +13,10 @@
 //! 4. the object map `rbd_object_map.<id>` (object-map feature), every object nonexistent.
 //!
 //! A failed step undoes the earlier ones, as librbd does; a crash between steps leaves a
-//! partial image (no header) that librbd's remove cleans up. Anything else is left to librbd
+//! partial image (no header) that librbd's remove cleans up. The ID object is created holding
+//! the exclusive `rados` lock [`CREATOR_LOCK`] for [`CREATOR_LOCK_SECS`]: while it holds it, the
+//! creator owns the name, and another client does not take its partial image for a crashed one
+//! (`Cluster::claim_partial_image`). Anything else is left to librbd
 //! ([`Plain::No`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +27,35 @@ use crate::error::Error;
 use crate::raw::{IoCtx, WriteStep};
 
 static CREATED_PLAIN: AtomicU64 = AtomicU64::new(0);
+
+/// The `rados` lock (object class `lock`) on `rbd_id.<name>` that says who is creating the
+/// image: the client that holds it (with cookie [`CREATOR_COOKIE`]) owns the name.
+pub const CREATOR_LOCK: &str = "rbd-provisioner.create";
+const CREATOR_COOKIE: &str = "create";
+/// How long the creator lock holds: longer than a live create takes (its few RADOS writes;
+/// our calls give up after the operation timeout, 30 s by default), short enough that a crashed
+/// creator's partial image is repaired soon after. The lock stays on a finished image until it
+/// expires; nothing else reads it.
+pub const CREATOR_LOCK_SECS: u32 = 60;
+
+/// Input of the `lock` class's `lock` method (`cls_lock_lock_op`): the exclusive
+/// [`CREATOR_LOCK`] with our cookie, for [`CREATOR_LOCK_SECS`], not renewed.
+pub(crate) fn creator_lock_op() -> Vec<u8> {
+    let mut body = Vec::new();
+    put_bytes(&mut body, CREATOR_LOCK.as_bytes());
+    body.push(1); // LOCK_EXCLUSIVE
+    put_bytes(&mut body, CREATOR_COOKIE.as_bytes());
+    put_bytes(&mut body, b""); // tag
+    put_bytes(&mut body, b"rbd-provisioner image create"); // description
+    body.extend_from_slice(&CREATOR_LOCK_SECS.to_le_bytes()); // utime_t seconds
+    body.extend_from_slice(&0u32.to_le_bytes()); // and nanoseconds
+    body.push(0); // flags
+    // ENCODE_START(1, 1): version, compat version, length
+    let mut op = vec![1, 1];
+    op.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
+    op.extend_from_slice(&body);
+    op
+}
 
 /// How many images this process created without librbd (see the `create` module).
 pub fn created_without_librbd() -> u64 {
@@ -203,11 +235,20 @@ pub(crate) fn create_plain(
     };
     let mut id_arg = Vec::new();
     put_bytes(&mut id_arg, id.as_bytes());
+    let lock = creator_lock_op();
     if let Err(e) = io.write_op(
         op,
         target,
         &id_object,
-        &[WriteStep::CreateExclusive, exec("set_id", &id_arg)],
+        &[
+            WriteStep::CreateExclusive,
+            exec("set_id", &id_arg),
+            WriteStep::Exec {
+                class: "lock",
+                method: "lock",
+                input: &lock,
+            },
+        ],
     ) {
         undo_entry();
         return Err(e);

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | nothing | | creates it, then records the owner |
 //! | id object without header (`AlreadyExists` on create, `NotFound` on open) | a create killed midway | removes it, creates it again |
+//! | the same, its name held by another client (`ceph_rbd`'s creator lock, unexpired) | another creator's create in flight (a Lease handover) | refuses ([`Error::BeingCreated`]), the retry finds the image or the lock expired |
 //! | image without owner record, or with a record cut before its PV key | a crash between create and record | adopts it, completes the record |
 //! | image recorded for this volume | a retry | reuses it (size per [`Fit`]) |
 //! | image recorded for another volume | a name collision | refuses ([`Error::Foreign`]) |
@@ -103,6 +104,14 @@ pub enum Error {
         wanted: String,
         action: Action,
     },
+    /// The image is half created by another client whose create may still be running (it holds
+    /// the name): not repaired. Retry later.
+    #[error(
+        "image {pool}/{image} is being created by another client (it holds the name, e.g. the \
+         previous leader's create still in flight); it is repaired only once that create ends \
+         or its claim on the name expires; retry later"
+    )]
+    BeingCreated { pool: String, image: String },
     /// The RADOS namespace of the pool spec does not exist (checked by [`check_namespace`]).
     #[error(
         "radosNamespace {namespace:?} does not exist in pool {pool:?}; namespaces are not created \
@@ -230,6 +239,14 @@ pub async fn ensure(
                     // A create killed midway leaves the id object but no header: no data, and
                     // it can never be opened. Clean it up and create it properly.
                     Err(e) if e.is_not_found() && !replaced_partial => {
+                        // Unless another client's create is still making it (a Lease
+                        // handover: the previous leader's create in flight): it holds the name.
+                        if !cluster.claim_partial_image(pool, image).await? {
+                            return Err(Error::BeingCreated {
+                                pool: pool.to_owned(),
+                                image: image.to_owned(),
+                            });
+                        }
                         tracing::warn!(
                             pool,
                             image,

@@ -35,9 +35,14 @@
 //! (inherited) ones, so it is adopted rather than refused as another volume's.
 //!
 //! Crash consistency: each step is found again by the next attempt (the names are
-//! deterministic, the record is written before the snapshot `N@N`, the request name key last):
-//! an image without record is adopted and completed, a leftover temporary snapshot is reused
-//! or, when the source is deleted, removed.
+//! deterministic, the record is written right after the clone, before the flatten and the
+//! snapshot `N@N`, the request name key last): an image without record is adopted and
+//! completed, a leftover temporary snapshot is reused or, when the source is deleted, removed.
+//! A flatten (the one step that can outlast an attempt: librbd goes on after our deadline)
+//! thus always finds the record on the image; the next attempt checks the depth again and
+//! finishes it, and the owner can delete the image meanwhile. Inherited keys are told apart by
+//! comparing with the parent's, also when the parent is in the trash (a snapshot deleted
+//! between a crashed restore and its retry: the retry then flattens the restore).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -349,10 +354,8 @@ pub async fn create_snapshot(
         }
         Err(e) => return Err(e.into()),
     };
-    // The record is written last: once it is there, the depth is bounded too.
-    if SnapshotOwner::from_metadata(&recorded).is_none() {
-        bound_depth(cluster, pool, image).await?;
-    }
+    // The record goes on before the flatten, which can outlast this attempt: the retry then
+    // finds its own record, whatever the flatten left (see `bound_depth`).
     let mut entries = NOT_A_VOLUME.to_vec();
     entries.extend(new.owner.entries());
     let missing = missing_entries(&recorded, &entries);
@@ -361,6 +364,7 @@ pub async fn create_snapshot(
             .metadata_set_many(pool, image, missing, None)
             .await?;
     }
+    bound_depth(cluster, pool, image, recorded.get(META_DEPTH)).await?;
     // The clone holds what it needs; the temporary snapshot goes (to the source's snapshot
     // trash while the clone depends on it). The source may be gone already after a crash.
     match cluster
@@ -468,13 +472,19 @@ async fn own_metadata(
     image: &str,
 ) -> Result<BTreeMap<String, String>, ceph_rbd::Error> {
     let mut meta = cluster.metadata_list(pool, image).await?;
-    if let Some(parent) = cluster.parent(pool, image).await?
-        && !parent.in_trash
-    {
-        let inherited = match cluster
-            .metadata_list(&parent.pool_spec(), &parent.image)
-            .await
-        {
+    if let Some(parent) = cluster.parent(pool, image).await? {
+        // A parent in the trash (a snapshot deleted between a crashed restore and its retry)
+        // is read by its ID.
+        let inherited = if parent.in_trash {
+            cluster
+                .metadata_by_id(&parent.pool_spec(), &parent.image_id)
+                .await
+        } else {
+            cluster
+                .metadata_list(&parent.pool_spec(), &parent.image)
+                .await
+        };
+        let inherited = match inherited {
             Ok(m) => m,
             Err(e) if e.is_not_found() => BTreeMap::new(),
             Err(e) => return Err(e),
@@ -508,10 +518,31 @@ pub async fn depth(cluster: &Cluster, pool: &str, image: &str) -> Result<u32, Er
         .unwrap_or(1))
 }
 
-/// Records the depth of the fresh clone `pool/image` (its parent's + 1) and flattens it when
-/// that exceeds [`MAX_CHAIN_DEPTH`]. Returns the depth it has now.
-async fn bound_depth(cluster: &Cluster, pool: &str, image: &str) -> Result<u32, Error> {
-    let depth = match cluster.parent(pool, image).await? {
+/// Records the depth of the clone `pool/image` (its parent's + 1, 0 once flattened) and
+/// flattens it when that exceeds [`MAX_CHAIN_DEPTH`] or its parent is in the trash. Returns the
+/// depth it has now. `recorded` is the depth it records itself (not inherited): the record is
+/// written only when it differs.
+///
+/// Called on every attempt, after the owner record: a flatten may outlast the attempt (librbd
+/// goes on with it; this process answers `InProgress` meanwhile) or be cut by a crash, and the
+/// next attempt finds the parent gone (depth 0) or flattens again (librbd skips what is copied).
+/// A clone that records its own depth within the limit and still has its parent is done.
+async fn bound_depth(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    recorded: Option<&String>,
+) -> Result<u32, Error> {
+    let parent = cluster.parent(pool, image).await?;
+    let recorded_depth = recorded
+        .and_then(|d| d.parse::<u32>().ok())
+        .filter(|d| *d <= MAX_CHAIN_DEPTH);
+    if let (Some(_), Some(bounded)) = (&parent, recorded_depth) {
+        // bounded when it was made (its own depth is written only then): a retry of a finished
+        // restore whose snapshot went to the trash since does not flatten it
+        return Ok(bounded);
+    }
+    let depth = match &parent {
         None => 0,
         Some(parent) if parent.in_trash => MAX_CHAIN_DEPTH + 1,
         Some(parent) => depth(cluster, &parent.pool_spec(), &parent.image).await? + 1,
@@ -525,13 +556,20 @@ async fn bound_depth(cluster: &Cluster, pool: &str, image: &str) -> Result<u32, 
             "flattening a deep clone"
         );
         cluster.flatten(pool, image).await?;
+        if let Some(parent) = parent.filter(|p| p.in_trash) {
+            // it may have been the trashed image's last clone
+            purge_trash(cluster, &parent.pool_spec()).await?;
+        }
         0
     } else {
         depth
     };
-    cluster
-        .metadata_set(pool, image, META_DEPTH, &depth.to_string())
-        .await?;
+    let depth_text = depth.to_string();
+    if recorded != Some(&depth_text) {
+        cluster
+            .metadata_set(pool, image, META_DEPTH, &depth_text)
+            .await?;
+    }
     Ok(depth)
 }
 
@@ -799,11 +837,6 @@ pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensur
         }
         Err(e) => return Err(e.into()),
     };
-    let size = fit_clone(cluster, new).await?;
-    // The owner record is written last: once it is there, the depth is bounded too.
-    if outcome != Outcome::Reused {
-        bound_depth(cluster, pool, image).await?;
-    }
     let intermediate = match new.source {
         Source::Volume {
             pool: source_pool, ..
@@ -826,6 +859,10 @@ pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensur
             .metadata_set_many(pool, image, missing, None)
             .await?;
     }
+    // Only now the steps that can outlast an attempt (a flatten of a large image): a retry
+    // finds the record and finishes them, and the owner can delete the image meanwhile.
+    let size = fit_clone(cluster, new).await?;
+    bound_depth(cluster, pool, image, recorded.get(META_DEPTH)).await?;
     Ok(Ensured { outcome, size })
 }
 

@@ -224,6 +224,8 @@ pub(crate) fn volume_status(e: rbd_volume::Error) -> Status {
         } => Status::failed_precondition(e.to_string()),
         E::Foreign { .. } | E::SizeMismatch { .. } => Status::already_exists(e.to_string()),
         E::MissingNamespace { .. } => Status::invalid_argument(e.to_string()),
+        // the spec's code for "an operation is already pending for this volume"
+        E::BeingCreated { .. } => Status::aborted(e.to_string()),
     }
 }
 
