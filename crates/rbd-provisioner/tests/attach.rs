@@ -160,3 +160,121 @@ async fn a_rwo_volume_is_attached_to_one_node_at_a_time_and_detached_when_releas
         .unwrap();
     h.wait_pv_gone(&pv_name).await;
 }
+
+async fn create_pod(h: &Harness, name: &str, node: &str, claim: &str) {
+    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), "default");
+    let pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "app", "image": "busybox"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+        },
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &pod).await.unwrap();
+}
+
+/// The VolumeAttachments of `pv`: (node, attached).
+async fn attachments_of(h: &Harness, pv: &str) -> Vec<(String, bool)> {
+    let vas: Api<VolumeAttachment> = Api::all(h.client.clone());
+    let mut found: Vec<(String, bool)> = vas
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|va| va.spec.source.persistent_volume_name.as_deref() == Some(pv))
+        .map(|va| {
+            let attached = va.status.is_some_and(|s| s.attached);
+            (va.spec.node_name, attached)
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Kubernetes' side emulated: pods on two nodes using one ReadWriteOnce claim. The second pod
+/// gets the Multi-Attach error (no VolumeAttachment for its node), the image is never published
+/// to two nodes, and the volume moves to the second node once the first pod is gone.
+#[tokio::test]
+async fn a_second_node_gets_the_multi_attach_error_until_the_first_pod_goes() {
+    let h = Harness::start().await;
+    let _p = h.spawn(
+        &[
+            "--leader-elect=false",
+            "--pv-source=csi",
+            "--retry-interval-start=200ms",
+            "--retry-interval-max=1s",
+        ],
+        &[],
+    );
+    let drivers: Api<k8s_openapi::api::storage::v1::CSIDriver> = Api::all(h.client.clone());
+    let driver = serde_json::from_value(json!({
+        "metadata": {"name": DRIVER},
+        "spec": {"attachRequired": true, "volumeLifecycleModes": ["Persistent"]},
+    }))
+    .unwrap();
+    drivers
+        .create(&PostParams::default(), &driver)
+        .await
+        .unwrap();
+    h.create_class("shared", &h.params(), "Delete").await;
+    h.create_claim("shared-data", "shared", "8Mi", false).await;
+    let (_, pv) = h.wait_bound("shared-data").await;
+    let pv_name = pv.metadata.name.clone().unwrap();
+    let image = Harness::image_name(&pv);
+    let _guard = ImageGuard(Some(image.clone()));
+    for node in ["node-a", "node-b"] {
+        create_csi_node(&h, node).await;
+    }
+
+    create_pod(&h, "app-a", "node-a", "shared-data").await;
+    h.until("attached to node-a", WAIT, || async {
+        (attachments_of(&h, &pv_name).await == [("node-a".to_owned(), true)]).then_some(())
+    })
+    .await;
+    assert_eq!(published_nodes(&h, &image), ["node-a"]);
+
+    create_pod(&h, "app-b", "node-b", "shared-data").await;
+    let message = h
+        .wait_event_containing("app-b", "FailedAttachVolume", &["Multi-Attach error"])
+        .await;
+    assert_eq!(
+        message,
+        format!(
+            "Multi-Attach error for volume \"{pv_name}\" Volume is already used by pod(s) app-a"
+        )
+    );
+    assert_eq!(
+        attachments_of(&h, &pv_name).await,
+        [("node-a".to_owned(), true)],
+        "no VolumeAttachment for node-b"
+    );
+    assert_eq!(published_nodes(&h, &image), ["node-a"]);
+
+    // the first pod goes: detached from node-a, then attached to node-b
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), "default");
+    pods.delete("app-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.until("moved to node-b", WAIT, || async {
+        (attachments_of(&h, &pv_name).await == [("node-b".to_owned(), true)]).then_some(())
+    })
+    .await;
+    assert_eq!(published_nodes(&h, &image), ["node-b"]);
+
+    pods.delete("app-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.until("detached", WAIT, || async {
+        attachments_of(&h, &pv_name).await.is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(published_nodes(&h, &image), Vec::<String>::new());
+    h.claims()
+        .delete("shared-data", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(&pv_name).await;
+}
