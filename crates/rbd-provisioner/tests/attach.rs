@@ -278,3 +278,78 @@ async fn a_second_node_gets_the_multi_attach_error_until_the_first_pod_goes() {
         .unwrap();
     h.wait_pv_gone(&pv_name).await;
 }
+
+/// Migration: a volume in use while the CSIDriver said `attachRequired: false` has no
+/// VolumeAttachment; after the operator deletes and recreates the CSIDriver with
+/// `attachRequired: true`, the running pod's volume gets one, is published to its node, and a
+/// pod on another node is refused.
+#[tokio::test]
+async fn a_volume_in_use_before_attach_was_required_is_attached_after_the_csidriver_is_recreated() {
+    let h = Harness::start().await;
+    let _p = h.spawn(
+        &[
+            "--leader-elect=false",
+            "--pv-source=csi",
+            "--retry-interval-start=200ms",
+            "--retry-interval-max=1s",
+        ],
+        &[],
+    );
+    let drivers: Api<k8s_openapi::api::storage::v1::CSIDriver> = Api::all(h.client.clone());
+    let driver = |attach: bool| {
+        serde_json::from_value(json!({
+            "metadata": {"name": DRIVER},
+            "spec": {"attachRequired": attach, "volumeLifecycleModes": ["Persistent"]},
+        }))
+        .unwrap()
+    };
+    drivers
+        .create(&PostParams::default(), &driver(false))
+        .await
+        .unwrap();
+    h.create_class("old", &h.params(), "Delete").await;
+    h.create_claim("old-data", "old", "8Mi", false).await;
+    let (_, pv) = h.wait_bound("old-data").await;
+    let pv_name = pv.metadata.name.clone().unwrap();
+    let image = Harness::image_name(&pv);
+    let _guard = ImageGuard(Some(image.clone()));
+    for node in ["node-a", "node-b"] {
+        create_csi_node(&h, node).await;
+    }
+    create_pod(&h, "old-app", "node-a", "old-data").await;
+    assert_eq!(attachments_of(&h, &pv_name).await, []);
+    assert_eq!(published_nodes(&h, &image), Vec::<String>::new());
+
+    // the operator's step: attachRequired is immutable, so delete and recreate
+    drivers
+        .delete(DRIVER, &DeleteParams::default())
+        .await
+        .unwrap();
+    drivers
+        .create(&PostParams::default(), &driver(true))
+        .await
+        .unwrap();
+    h.until("the running pod's volume attached", WAIT, || async {
+        (attachments_of(&h, &pv_name).await == [("node-a".to_owned(), true)]).then_some(())
+    })
+    .await;
+    assert_eq!(published_nodes(&h, &image), ["node-a"]);
+    create_pod(&h, "new-app", "node-b", "old-data").await;
+    h.wait_event_containing("new-app", "FailedAttachVolume", &["Multi-Attach error"])
+        .await;
+    assert_eq!(published_nodes(&h, &image), ["node-a"]);
+
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), "default");
+    for pod in ["old-app", "new-app"] {
+        pods.delete(pod, &DeleteParams::default()).await.unwrap();
+    }
+    h.until("detached", WAIT, || async {
+        attachments_of(&h, &pv_name).await.is_empty().then_some(())
+    })
+    .await;
+    h.claims()
+        .delete("old-data", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(&pv_name).await;
+}
