@@ -5,6 +5,8 @@
 const SECRET_CARRIERS: &[&str] = &[
     "CreateVolumeRequest",
     "DeleteVolumeRequest",
+    "ControllerPublishVolumeRequest",
+    "ControllerUnpublishVolumeRequest",
     "ValidateVolumeCapabilitiesRequest",
     "ControllerExpandVolumeRequest",
     "NodeStageVolumeRequest",

@@ -45,6 +45,14 @@ redacted_debug!(CreateVolumeRequest {
     mutable_parameters,
 });
 redacted_debug!(DeleteVolumeRequest { volume_id });
+redacted_debug!(ControllerPublishVolumeRequest {
+    volume_id,
+    node_id,
+    volume_capability,
+    readonly,
+    volume_context,
+});
+redacted_debug!(ControllerUnpublishVolumeRequest { volume_id, node_id });
 redacted_debug!(ValidateVolumeCapabilitiesRequest {
     volume_id,
     volume_context,

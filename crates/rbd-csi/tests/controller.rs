@@ -348,16 +348,13 @@ async fn validate_capabilities_capacity_and_controller_capabilities() {
         rpc::Type::ListVolumes,
         rpc::Type::VolumeCondition,
         rpc::Type::ModifyVolume,
+        rpc::Type::PublishUnpublishVolume,
+        rpc::Type::PublishReadonly,
     ] {
         assert!(caps.contains(&(want as i32)), "missing {want:?}");
     }
-    // no attach step, so no publish and no published nodes to list
-    for unwanted in [
-        rpc::Type::PublishUnpublishVolume,
-        rpc::Type::ListVolumesPublishedNodes,
-    ] {
-        assert!(!caps.contains(&(unwanted as i32)), "offers {unwanted:?}");
-    }
+    // ListVolumes does not report published nodes
+    assert!(!caps.contains(&(rpc::Type::ListVolumesPublishedNodes as i32)));
     ctl.delete_volume(csi::DeleteVolumeRequest {
         volume_id: vol.volume_id,
         secrets: secrets(),

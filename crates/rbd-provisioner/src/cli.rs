@@ -151,6 +151,11 @@ pub struct ProvisionerArgs {
     /// Put external-provisioner.volume.kubernetes.io/finalizer on PVs.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set)]
     pub add_finalizer: bool,
+    /// Run the built-in attach controller: publish volumes of the CSI driver (--csi-driver-name)
+    /// to nodes for its VolumeAttachment objects, as the external-attacher sidecar does. Set
+    /// false when an external-attacher sidecar serves the driver instead.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
+    pub attacher: bool,
     /// Run leader election on a Lease (required with more than one replica).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
     pub leader_elect: bool,

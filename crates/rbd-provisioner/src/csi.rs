@@ -45,6 +45,12 @@ pub struct CsiArgs {
     /// commas. Default none (the daemons only get a session of their own).
     #[arg(long, value_delimiter = ',')]
     pub daemon_cgroup: Vec<PathBuf>,
+    /// How many volumes of this driver the node can have (NodeGetInfo's `max_volumes_per_node`,
+    /// which the Kubernetes scheduler counts against); 0 = no limit. With `--services=all` the
+    /// controller also refuses (RESOURCE_EXHAUSTED) a ControllerPublishVolume beyond that many
+    /// volumes of the pool published to this node.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+    pub max_volumes_per_node: i64,
     /// Register with the kubelet through its plugin registry (node service; replaces the
     /// node-driver-registrar sidecar).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set)]
@@ -154,6 +160,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         default_mounter: args.default_mounter,
         runtime_dir: args.runtime_dir,
         krbd_map_options: args.krbd_map_options,
+        max_volumes_per_node: args.max_volumes_per_node,
         registration: args.register.then_some(RegistrationConfig {
             registry_dir: args.registry_dir,
             kubelet_endpoint: args.kubelet_endpoint,
@@ -165,7 +172,6 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         node_topology,
         kube_cluster: args.kube.kube_cluster_id.clone().unwrap_or_default(),
         daemon_cgroups: args.daemon_cgroup,
-        ..defaults
     };
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, ceph_client = %ceph_rbd::key::client_version(), "starting CSI driver");
     rbd_csi::serve(config, crate::run::shutdown_signal()).await?;

@@ -5,6 +5,7 @@
 //! `rbd-volume` crate, shared with the CSI controller; [`backend`] translates the provisioning
 //! library's requests onto it.
 
+pub mod attacher;
 pub mod backend;
 pub mod claim;
 pub mod cli;

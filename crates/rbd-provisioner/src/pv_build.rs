@@ -139,7 +139,9 @@ pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, Strin
                 fs_type: p.fs_type.clone(),
                 volume_attributes: Some(attributes),
                 node_stage_secret_ref: user_secret,
-                controller_expand_secret_ref: Some(admin_secret),
+                controller_expand_secret_ref: Some(admin_secret.clone()),
+                // ControllerPublishVolume records the node on the image with this key
+                controller_publish_secret_ref: Some(admin_secret),
                 ..Default::default()
             });
         }
@@ -346,6 +348,10 @@ mod tests {
         );
         assert_eq!(
             csi.controller_expand_secret_ref.unwrap().name.as_deref(),
+            Some("admin-secret")
+        );
+        assert_eq!(
+            csi.controller_publish_secret_ref.unwrap().name.as_deref(),
             Some("admin-secret")
         );
         assert_eq!(

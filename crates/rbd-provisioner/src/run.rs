@@ -121,13 +121,23 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         },
     );
     let (claims_seen, protection) = crate::protection::controller(client.clone(), config_backoff);
-    let controller = Controller::new(client.clone(), config, backend.clone())
+    let attacher = args.attacher.then(|| {
+        crate::attacher::task(
+            backend.clone(),
+            args.csi_driver_name.clone(),
+            config_backoff,
+        )
+    });
+    let mut controller = Controller::new(client.clone(), config, backend.clone())
         .with_expander(backend.clone())
         .with_modifier(backend)
         .with_metrics(metrics)
         .with_companion(snapshotter)
         .with_claim_observer(claims_seen)
         .with_companion(protection);
+    if let Some(attacher) = attacher {
+        controller = controller.with_companion(attacher);
+    }
     tracing::info!(provisioner = %args.provisioner_name, identity = %identity, ceph_client = %ceph_rbd::key::client_version(), "starting");
     let result = if args.leader_elect {
         let mut le = LeaderElectionConfig::new(

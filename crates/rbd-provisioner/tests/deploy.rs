@@ -85,7 +85,7 @@ fn the_csi_overlay_and_examples_render() {
         return;
     };
     let driver = find(&csi, "CSIDriver", "rbd.provisioner.ceph.io");
-    assert_eq!(driver["spec"]["attachRequired"], false);
+    assert_eq!(driver["spec"]["attachRequired"], true);
     let node = find(&csi, "DaemonSet", "rbd-csi-node");
     let args = node["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_sequence()

@@ -26,6 +26,8 @@
 //! - [`topology`]: `topologyConstrainedPools` and node topology: the pool for where a pod runs;
 //! - [`qos`]: per-volume librbd QoS limits (`rbd_qos_*`) parsed, validated and set as image
 //!   configuration (enforced by librbd-based mappers, not by krbd);
+//! - [`publish`]: the nodes a volume is published to (CSI `ControllerPublishVolume`), recorded
+//!   on the image; a single-node volume is refused on a second node;
 //! - [`snapshot`]: snapshots (clone-v2 snapshot images `csi-snap-...`), restores and volume
 //!   clones, deletes that keep dependents working, chain depth bounded by flattening.
 //!
@@ -38,6 +40,7 @@ pub mod id;
 pub mod lifecycle;
 pub mod naming;
 pub mod owner;
+pub mod publish;
 pub mod qos;
 pub mod size;
 pub mod snapshot;

@@ -1,6 +1,7 @@
 //! The slice of kube-controller-manager that provisioning depends on: the PV binder
 //! (external-provisioning annotations and events, binding of pre-bound volumes, Released
-//! volumes), the pvc/pv-protection controllers and the expand controller's CSI event.
+//! volumes), the pvc/pv-protection controllers, the expand controller's CSI event and, for CSI
+//! drivers that require attach, the attach/detach controller's VolumeAttachments (`attach.rs`).
 //!
 //! Flow: the controller subscribes to store changes. A client write to a claim or volume syncs
 //! that object; deletions and pod changes sync the objects that depend on them; every
@@ -17,6 +18,7 @@
 //! binder sends five requests (claim annotations, `ExternalProvisioning` event, PV status, claim,
 //! claim status), which is what bounds a real control plane at about 4 claims/s.
 
+mod attach;
 mod claims;
 mod index;
 pub(crate) mod limiter;
@@ -57,6 +59,8 @@ enum Client {
     PvProtection,
     /// The expand controller (its `ExternalExpanding` event).
     Expand,
+    /// The attach/detach controller (its Multi-Attach events).
+    AttachDetach,
 }
 
 /// One token bucket per controller client, as kube-controller-manager builds one client (with
@@ -66,6 +70,7 @@ struct Limits {
     pvc_protection: TokenBucket,
     pv_protection: TokenBucket,
     expand: TokenBucket,
+    attach_detach: TokenBucket,
 }
 
 impl Limits {
@@ -76,6 +81,7 @@ impl Limits {
             pvc_protection: bucket(),
             pv_protection: bucket(),
             expand: bucket(),
+            attach_detach: bucket(),
         }
     }
 
@@ -85,6 +91,7 @@ impl Limits {
             Client::PvcProtection => &self.pvc_protection,
             Client::PvProtection => &self.pv_protection,
             Client::Expand => &self.expand,
+            Client::AttachDetach => &self.attach_detach,
         }
     }
 }
@@ -95,6 +102,8 @@ impl Limits {
 enum Work {
     Claim(String, String),
     Volume(String),
+    /// VolumeAttachments against what pods need (one reconcile of everything).
+    Attachments,
 }
 
 #[derive(Default)]
@@ -202,6 +211,12 @@ impl Controller {
         let ns = util::ns_of(obj).to_string();
         let name = util::name_of(obj).to_string();
         let by_client = ch.origin == Origin::Client;
+        if matches!(
+            ch.storage,
+            PVCS | PVS | "pods" | "csidrivers" | attach::VOLUME_ATTACHMENTS
+        ) {
+            self.queue.push(Work::Attachments);
+        }
         match ch.storage {
             PVCS => {
                 if ch.kind == EventType::Deleted {
@@ -245,7 +260,7 @@ impl Controller {
         }
     }
 
-    /// The periodic resync: every claim, then every volume.
+    /// The periodic resync: every claim, then every volume, then the VolumeAttachments.
     fn resync_all(&mut self) {
         let (claims, _) = self.store.list(PVCS, None);
         for c in &claims {
@@ -258,12 +273,14 @@ impl Controller {
         for v in &volumes {
             self.queue.push(Work::Volume(util::name_of(v).to_string()));
         }
+        self.queue.push(Work::Attachments);
     }
 
     async fn process(&mut self, w: Work) {
         match w {
             Work::Claim(ns, name) => self.sync_claim(&ns, &name).await,
             Work::Volume(name) => self.sync_volume(&name).await,
+            Work::Attachments => self.sync_attachments().await,
         }
     }
 }

@@ -16,6 +16,10 @@
 //! not the image of. Calls for one volume (or one request name) are serialised: a concurrent
 //! second call gets ABORTED.
 //!
+//! **Publishing** (`ControllerPublishVolume`/`ControllerUnpublishVolume`, `publish.rs`) records
+//! the node on the image through [`rbd_volume::publish`] and refuses a single-node volume on a
+//! second node.
+//!
 //! **Listing** (`ListVolumes` with volume conditions, `listing.rs`), **limits**
 //! (`ControllerModifyVolume` and `CreateVolume`'s `mutable_parameters`, `modify.rs`) and
 //! **volume group snapshots** (the `GroupController` service, `groups.rs`) are thin translations
@@ -32,6 +36,7 @@ mod modify;
 mod pages;
 mod params;
 mod placement;
+mod publish;
 mod snapshots;
 mod volumes;
 
@@ -75,6 +80,11 @@ pub struct ControllerService {
     locations: Arc<Mutex<BTreeSet<Location>>>,
     /// [`CsiConfig::kube_cluster`].
     kube_cluster: String,
+    /// This plugin's own node when it serves the node service too (`--services=all`): the only
+    /// node a volume can be published to.
+    local_node: Option<String>,
+    /// [`CsiConfig::max_volumes_per_node`], enforced by publish for [`Self::local_node`].
+    max_volumes_per_node: i64,
 }
 
 /// A cluster and a pool spec (`pool` or `pool/namespace`) volumes live in.
@@ -111,6 +121,8 @@ impl ControllerService {
             clusters: config.cluster_config.clone(),
             locations: Arc::new(Mutex::new(locations)),
             kube_cluster: config.kube_cluster.clone(),
+            local_node: config.services.node().then(|| config.node_id.clone()),
+            max_volumes_per_node: config.max_volumes_per_node,
         }
     }
 
@@ -333,6 +345,8 @@ impl Controller for ControllerService {
                 Type::ListVolumes,
                 Type::VolumeCondition,
                 Type::ModifyVolume,
+                Type::PublishUnpublishVolume,
+                Type::PublishReadonly,
             ]
             .into_iter()
             .map(rpc_capability)
@@ -382,6 +396,23 @@ impl Controller for ControllerService {
         Ok(Response::new(
             listing::list(self, request.into_inner()).await?,
         ))
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        request: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        Ok(Response::new(
+            publish::publish(self, request.into_inner()).await?,
+        ))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        request: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        publish::unpublish(self, request.into_inner()).await?;
+        Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
     }
 
     async fn controller_modify_volume(

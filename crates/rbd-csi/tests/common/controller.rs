@@ -55,6 +55,20 @@ pub fn create_request(name: &str, required: i64) -> csi::CreateVolumeRequest {
     }
 }
 
+/// Creates volume `name` of `size` bytes through `ctl` (see [`create_request`]).
+pub async fn create_volume(
+    ctl: &mut csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    name: &str,
+    size: i64,
+) -> csi::Volume {
+    ctl.create_volume(create_request(name, size))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
 pub fn image_size(image: &str) -> Option<u64> {
     let cluster = micro_ceph::cluster();
     let out = cluster
