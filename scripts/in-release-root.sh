@@ -6,14 +6,15 @@
 #   scripts/in-release-root.sh tentacle-dev cargo build --release -p rbd-provisioner
 #   scripts/in-release-root.sh tentacle-dev cargo test -p rbd-provisioner --test e2e
 #
-# The root is made (once) by `scripts/ceph-release.sh RELEASE` (tentacle-dev: Debian sid's Ceph 20.2
-# with its development files). The command runs in a private mount namespace where /tmp, /proc,
-# /sys, /dev, this workspace and the `shared` folder beside it (csi-sanity) are bound at their own
-# paths, and the host's Rust toolchain (RUSTUP_HOME, CARGO_HOME) read-only: nothing stays mounted on
-# the host, and nothing is installed into it. Cargo runs offline (the host's registry cache serves
-# the crates; build on the host once first) with its own target folder, target/ceph-RELEASE, so
-# the host's build (Pacific's client) stays as it is. micro-ceph.sh, started by the tests, runs the
-# root's own Ceph daemons (CEPH_ROOT is cleared).
+# The root is made (once) by `scripts/ceph-release.sh RELEASE` (tentacle-dev: Debian sid's Ceph
+# 20.2 with its development files). The command runs in a private mount namespace where /tmp,
+# /proc, /sys, /dev, this workspace, the `shared` folder beside it and CSI_SANITY's folder
+# (csi-sanity) are bound at their own paths, and the host's Rust toolchain (RUSTUP_HOME,
+# CARGO_HOME) read-only: nothing stays mounted on the host, and nothing is installed into it.
+# Cargo runs offline (the host's registry cache serves the crates; build on the host once first)
+# with its own target folder, target/ceph-RELEASE, so the host's build (Pacific's client) stays as
+# it is. micro-ceph.sh, started by the tests, runs the root's own Ceph daemons (CEPH_ROOT is
+# cleared).
 set -euo pipefail
 RELEASE=${1:?usage: in-release-root.sh RELEASE COMMAND...}
 shift
@@ -28,6 +29,10 @@ export CARGO_TARGET_DIR=$WS/target/ceph-$RELEASE CARGO_NET_OFFLINE=true
 export PATH=$TOOLCHAIN_BIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 unset CEPH_ROOT CEPH_ARGS CEPH_CONF CEPH_KEYRING LD_LIBRARY_PATH
 SHARED=$(realpath -m "$WS/../shared")
+# a csi-sanity named by CSI_SANITY is bound too (its folder, read-only)
+SANITY_DIR=""
+if [ -n "${CSI_SANITY:-}" ]; then CSI_SANITY=$(realpath "$CSI_SANITY"); SANITY_DIR=$(dirname "$CSI_SANITY"); fi
+export SANITY_DIR
 export WS SHARED ROOT
 # shellcheck disable=SC2016 # expanded by the inner shell
 exec unshare --mount --propagation private bash -c '
@@ -38,5 +43,6 @@ exec unshare --mount --propagation private bash -c '
   mount --rbind /dev "$ROOT/dev"
   for d in "$RUSTUP_HOME" "$CARGO_HOME"; do [ -d "$d" ] && bind_ro "$d"; done
   [ -d "$SHARED" ] && bind_ro "$SHARED"
+  [ -n "$SANITY_DIR" ] && bind_ro "$SANITY_DIR"
   exec chroot "$ROOT" sh -c "cd \"\$WS\" && exec \"\$@\"" in-release-root "$@"
 ' in-release-root "$@"
