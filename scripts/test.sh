@@ -105,7 +105,7 @@ if [ -n "${roots[1]}" ]; then
     --skip a_snapshot_restores_into_a_new_claim_with_the_data_of_its_moment
     --skip a_ten_deep_chain_of_clones_stays_readable_and_short
     --skip sixty_four_concurrent_creates_and_removes_leak_nothing)
-  for s in "-p ceph-rbd" "-p rbd-provisioner --test e2e --test snapshots"; do
+  for s in "-p ceph-rbd -p rbd-volume" "-p rbd-provisioner --test e2e --test snapshots"; do
     # shellcheck disable=SC2086 # word splitting wanted
     ./scripts/in-release-root.sh tentacle-dev cargo test --no-fail-fast $s -- "${skip[@]}" 2>&1 \
       | tee -a "$TMPDIR/test-tentacle.log" || status=1
