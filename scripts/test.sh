@@ -39,7 +39,7 @@ export CARGO_TERM_COLOR=never RUST_BACKTRACE=1
 # The other Ceph releases' roots download while the host's suites build and run (cached after the
 # first run). Their output is shown when they are needed.
 release_pids=()
-for release in reef tentacle; do
+for release in reef tentacle-dev; do
   ./scripts/ceph-release.sh "$release" >"$TMPDIR/release-$release.out" 2>&1 &
   release_pids+=("$!")
 done
@@ -64,37 +64,68 @@ cargo test -p rbd-provisioner --test vm_kernel --no-fail-fast -- --nocapture vm_
 vm_pid=$!
 
 # The Ceph-facing suites again against newer releases' clusters (Debian trixie's and sid's Ceph,
-# run from a chroot by micro-ceph.sh), with this build's client. Keys of type aes: a client before
-# 19.2.6 cannot parse the aes256k keys Tentacle makes by default; what it says then is tested
-# against Tentacle's defaults below.
+# run from a chroot by micro-ceph.sh). Reef: with this (Pacific-linked) build. Tentacle: with its
+# default cephx settings (aes256k keys) and the build the image ships, linked with Tentacle's own
+# client (built and run in the tentacle-dev root by in-release-root.sh); then this build against
+# Tentacle twice: with its default keys (the refusal naming the key type) and with aes keys (the
+# setup older clients need).
+# two runs each: cargo applies --test to every package named
+suites=("-p ceph-rbd -p rbd-volume -p rbd-csi" "-p rbd-provisioner --test e2e --test snapshots --test csi_sanity")
+roots=()
 for i in 0 1; do
-  release=$([ "$i" = 0 ] && echo reef || echo tentacle)
-  root=""
+  release=$([ "$i" = 0 ] && echo reef || echo tentacle-dev)
+  roots[i]=""
   if ! wait "${release_pids[$i]}"; then
     cat "$TMPDIR/release-$release.out" >&2
-    summary+=("tests against $release: its Ceph could not be installed (above)")
+    summary+=("tests against ${release%-dev}: its Ceph could not be installed (above)")
     status=1
     continue
   fi
-  root=$(tail -n 1 "$TMPDIR/release-$release.out")
-  version=$(chroot "$root" ceph --version | awk '{print $3}')
-  echo "== cargo test against $release (Ceph $version), keys of type aes"
-  # two runs: cargo applies --test to every package named
-  for suites in "-p ceph-rbd -p rbd-volume -p rbd-csi" \
-    "-p rbd-provisioner --test e2e --test snapshots --test csi_sanity"; do
-    # shellcheck disable=SC2086 # word splitting wanted
-    CEPH_ROOT=$root CEPHX_KEY_TYPE=aes cargo test --no-fail-fast $suites 2>&1 \
-      | tee -a "$TMPDIR/test-$release.log" || status=1
-  done
-  read -r passed failed < <(counts "$TMPDIR/test-$release.log")
-  summary+=("tests against $release (Ceph $version): $passed passed, $failed failed")
+  roots[i]=$(tail -n 1 "$TMPDIR/release-$release.out")
 done
-if [ -f "${root:-}/.complete" ] && [ "$release" = tentacle ]; then
-  echo "== tentacle with its default (aes256k) keys"
+if [ -n "${roots[0]}" ]; then
+  version=$(chroot "${roots[0]}" ceph --version | awk '{print $3}')
+  echo "== cargo test against reef (Ceph $version), this build (client $(ceph --version | awk '{print $3}'))"
+  for s in "${suites[@]}"; do
+    # shellcheck disable=SC2086 # word splitting wanted
+    CEPH_ROOT=${roots[0]} cargo test --no-fail-fast $s 2>&1 | tee -a "$TMPDIR/test-reef.log" || status=1
+  done
+  read -r passed failed < <(counts "$TMPDIR/test-reef.log")
+  summary+=("tests against reef (Ceph $version): $passed passed, $failed failed")
+fi
+if [ -n "${roots[1]}" ]; then
+  root=${roots[1]}
+  version=$(chroot "$root" ceph --version | awk '{print $3}')
+  echo "== cargo test against tentacle (Ceph $version), its default keys, the build linked with its client"
+  # Not yet with this client (README, "Not yet with the 20.2 client"): the tests that move data
+  # through the node plugin's fuse mapper (sid's rbd-fuse 20.2.4 dies at start), rbd-csi (its node
+  # tests use that mapper; one group test finds a group left by a refused call), and ceph-rbd's
+  # file-descriptor count (two more after 64 concurrent creates with this librados).
+  skip=(--skip a_claim_clones_another_and_outlives_its_source
+    --skip a_snapshot_restores_into_a_new_claim_with_the_data_of_its_moment
+    --skip a_ten_deep_chain_of_clones_stays_readable_and_short
+    --skip sixty_four_concurrent_creates_and_removes_leak_nothing)
+  for s in "-p ceph-rbd -p rbd-volume" "-p rbd-provisioner --test e2e --test snapshots"; do
+    # shellcheck disable=SC2086 # word splitting wanted
+    ./scripts/in-release-root.sh tentacle-dev cargo test --no-fail-fast $s -- "${skip[@]}" 2>&1 \
+      | tee -a "$TMPDIR/test-tentacle.log" || status=1
+  done
+  read -r passed failed < <(counts "$TMPDIR/test-tentacle.log")
+  summary+=("tests against tentacle (Ceph $version) with its default keys, client $version: $passed passed, $failed failed")
+  echo "== tentacle with its default (aes256k) keys, this build"
   CEPH_ROOT=$root cargo test -p ceph-rbd --test connections \
     -- the_clusters_own_admin_key --nocapture 2>&1 | tee "$TMPDIR/test-tentacle-defaults.log" || status=1
   read -r passed failed < <(counts "$TMPDIR/test-tentacle-defaults.log")
-  summary+=("tentacle with its default keys: $passed passed, $failed failed")
+  summary+=("tentacle with its default keys, this build (refused by key type): $passed passed, $failed failed")
+  echo "== tentacle with aes keys, this build"
+  for s in "-p ceph-rbd --test connections" "-p rbd-volume -p rbd-csi" \
+    "-p rbd-provisioner --test e2e --test csi_sanity"; do
+    # shellcheck disable=SC2086 # word splitting wanted
+    CEPH_ROOT=$root CEPHX_KEY_TYPE=aes cargo test --no-fail-fast $s 2>&1 \
+      | tee -a "$TMPDIR/test-tentacle-aes.log" || status=1
+  done
+  read -r passed failed < <(counts "$TMPDIR/test-tentacle-aes.log")
+  summary+=("tentacle with aes keys, this build: $passed passed, $failed failed")
 fi
 
 echo "== the VM suite (kernel rbd and nbd; it ran beside the release suites)"

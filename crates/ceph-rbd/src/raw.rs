@@ -150,6 +150,15 @@ impl Rados {
     pub(crate) fn connect(cfg: &ClusterConfig) -> Result<Rados, Error> {
         let target = format!("client.{}@{}", cfg.user, cfg.monitors);
         let op = "connect";
+        // A malformed key is named before anything is sent: a client that reads aes256k keys
+        // (19.2.6 on) accepts a cut-short key and the monitors only answer "permission denied".
+        if let Err(reason) = crate::key::key_type(cfg.key.expose()) {
+            return Err(Error::invalid(
+                op,
+                &target,
+                format!("the key is malformed: {reason}"),
+            ));
+        }
         let user = cstring(&cfg.user, op, &target)?;
         let mut handle: ffi::rados_t = ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; `user` outlives the call.
