@@ -26,6 +26,8 @@
 //! - [`topology`]: `topologyConstrainedPools` and node topology: the pool for where a pod runs;
 //! - [`qos`]: per-volume librbd QoS limits (`rbd_qos_*`) parsed, validated and set as image
 //!   configuration (enforced by librbd-based mappers, not by krbd);
+//! - [`encryption`]: encrypted volumes (ceph-csi's class parameters, the KMS keeping each
+//!   volume's key);
 //! - [`snapshot`]: snapshots (clone-v2 snapshot images `csi-snap-...`), restores and volume
 //!   clones, deletes that keep dependents working, chain depth bounded by flattening.
 //!
@@ -34,6 +36,7 @@
 //! own error kinds.
 
 pub mod clusters;
+pub mod encryption;
 pub mod id;
 pub mod lifecycle;
 pub mod naming;
