@@ -75,6 +75,8 @@ pub struct ControllerService {
     locations: Arc<Mutex<BTreeSet<Location>>>,
     /// [`CsiConfig::kube_cluster`].
     kube_cluster: String,
+    /// [`CsiConfig::kms_config`].
+    kms_config: std::path::PathBuf,
 }
 
 /// A cluster and a pool spec (`pool` or `pool/namespace`) volumes live in.
@@ -111,6 +113,7 @@ impl ControllerService {
             clusters: config.cluster_config.clone(),
             locations: Arc::new(Mutex::new(locations)),
             kube_cluster: config.kube_cluster.clone(),
+            kms_config: config.kms_config.clone(),
         }
     }
 
