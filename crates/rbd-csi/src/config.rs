@@ -128,7 +128,7 @@ pub struct CsiConfig {
     /// restart of the plugin's container does not kill them; [`crate::mapper::daemon`]).
     /// Default none: the daemons only get a session of their own.
     pub daemon_cgroups: Vec<PathBuf>,
-    /// The KMS configuration of encrypted volumes (ceph-csi's `config.json` of the ConfigMap
+    /// The KMS configuration of encrypted volumes (ceph-csi's `config.json` of the `ConfigMap`
     /// `ceph-csi-encryption-kms-config`), read when an encrypted volume is created or staged.
     /// Default [`rbd_volume::encryption::DEFAULT_KMS_CONFIG`].
     pub kms_config: PathBuf,

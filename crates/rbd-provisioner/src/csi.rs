@@ -71,7 +71,7 @@ pub struct CsiArgs {
     /// if that file exists.
     #[arg(long, env = "CLUSTER_CONFIG")]
     pub cluster_config: Option<PathBuf>,
-    /// KMS configuration of encrypted volumes (ceph-csi's `config.json` of the ConfigMap
+    /// KMS configuration of encrypted volumes (ceph-csi's `config.json` of the `ConfigMap`
     /// `ceph-csi-encryption-kms-config`): the entries a class's `encryptionKMSID` names. Read
     /// when an encrypted volume is created or staged.
     #[arg(long, env = "KMS_CONFIG", default_value = rbd_volume::encryption::DEFAULT_KMS_CONFIG)]
