@@ -180,3 +180,79 @@ async fn the_fuse_mapper_refuses_an_encrypted_volume() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn a_restore_and_a_clone_of_an_encrypted_volume_carry_its_key() {
+    let (server, _dir) = server(r#"{"plain": {"encryptionKMSType": "metadata"}}"#).await;
+    let mut ctl = server.controller().await;
+    for name in ["pvc-crypt-src", "pvc-crypt-restore", "pvc-crypt-clone"] {
+        remove_image(name);
+    }
+    let volume =
+        |resp: tonic::Response<csi::CreateVolumeResponse>| resp.into_inner().volume.unwrap();
+    let src = volume(
+        ctl.create_volume(encrypted_request("pvc-crypt-src", "plain", "rbd"))
+            .await
+            .unwrap(),
+    );
+    let dek = image_meta("pvc-crypt-src")["rbd.csi.ceph.com/dek"].clone();
+    let snap = ctl
+        .create_snapshot(csi::CreateSnapshotRequest {
+            name: "snap-crypt-src".into(),
+            source_volume_id: src.volume_id.clone(),
+            secrets: secrets(),
+            parameters: HashMap::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let mut restore = encrypted_request("pvc-crypt-restore", "plain", "rbd");
+    restore.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            },
+        )),
+    });
+    let mut clone = encrypted_request("pvc-crypt-clone", "plain", "rbd");
+    clone.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(
+            csi::volume_content_source::VolumeSource {
+                volume_id: src.volume_id.clone(),
+            },
+        )),
+    });
+    let mut made = Vec::new();
+    for (req, image) in [(restore, "pvc-crypt-restore"), (clone, "pvc-crypt-clone")] {
+        let vol = volume(ctl.create_volume(req).await.unwrap());
+        assert_eq!(vol.volume_context["encryptionKMSID"], "plain");
+        assert_eq!(
+            image_meta(image).get("rbd.csi.ceph.com/dek"),
+            Some(&dek),
+            "{image} has its own copy of the source's key (it shares its LUKS header)"
+        );
+        made.push(vol.volume_id);
+    }
+    for volume_id in made {
+        ctl.delete_volume(csi::DeleteVolumeRequest {
+            volume_id,
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+    }
+    ctl.delete_snapshot(csi::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id,
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+    ctl.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: src.volume_id,
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+}
