@@ -128,6 +128,10 @@ pub struct CsiConfig {
     /// restart of the plugin's container does not kill them; [`crate::mapper::daemon`]).
     /// Default none: the daemons only get a session of their own.
     pub daemon_cgroups: Vec<PathBuf>,
+    /// The KMS configuration of encrypted volumes (ceph-csi's `config.json` of the `ConfigMap`
+    /// `ceph-csi-encryption-kms-config`), read when an encrypted volume is created or staged.
+    /// Default [`rbd_volume::encryption::DEFAULT_KMS_CONFIG`].
+    pub kms_config: PathBuf,
 }
 
 impl Default for CsiConfig {
@@ -149,6 +153,7 @@ impl Default for CsiConfig {
             daemon_cgroups: Vec::new(),
             node_topology: BTreeMap::new(),
             kube_cluster: String::new(),
+            kms_config: PathBuf::from(rbd_volume::encryption::DEFAULT_KMS_CONFIG),
         }
     }
 }
@@ -198,6 +203,7 @@ impl CsiConfig {
             daemons: crate::mapper::daemon::DaemonPlacement::in_cgroups(
                 self.daemon_cgroups.clone(),
             ),
+            kms_config: self.kms_config.clone(),
         }
     }
 }

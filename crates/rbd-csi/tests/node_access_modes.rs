@@ -137,6 +137,7 @@ impl OtherNode {
             cluster_config: None,
             topology: Default::default(),
             daemons: Default::default(),
+            kms_config: Default::default(),
         })
         .with_local_addresses(HashSet::new());
         let cleanup = NodeCleanup {

@@ -117,6 +117,7 @@ esac
             cluster_config: None,
             topology: Default::default(),
             daemons: Default::default(),
+            kms_config: Default::default(),
         },
         vec![krbd],
     )

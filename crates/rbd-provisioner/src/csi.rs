@@ -77,6 +77,11 @@ pub struct CsiArgs {
     /// if that file exists.
     #[arg(long, env = "CLUSTER_CONFIG")]
     pub cluster_config: Option<PathBuf>,
+    /// KMS configuration of encrypted volumes (ceph-csi's `config.json` of the `ConfigMap`
+    /// `ceph-csi-encryption-kms-config`): the entries a class's `encryptionKMSID` names. Read
+    /// when an encrypted volume is created or staged.
+    #[arg(long, env = "KMS_CONFIG", default_value = rbd_volume::encryption::DEFAULT_KMS_CONFIG)]
+    pub kms_config: PathBuf,
     /// Node label keys that make up the node's topology, comma-separated (e.g.
     /// `topology.kubernetes.io/zone`). Enables topology: the node service reports the node's
     /// values as `topology.<driver name>/<domain>` (read from its Node object through the
@@ -172,6 +177,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         node_topology,
         kube_cluster: args.kube.kube_cluster_id.clone().unwrap_or_default(),
         daemon_cgroups: args.daemon_cgroup,
+        kms_config: args.kms_config,
     };
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, ceph_client = %ceph_rbd::key::client_version(), "starting CSI driver");
     rbd_csi::serve(config, crate::run::shutdown_signal()).await?;

@@ -49,6 +49,8 @@ const GUEST_TESTS: &[&str] = &[
     "guest_rox_publish_is_read_only",
     "guest_rox_staging_mount_is_read_only",
     "guest_nbd_volume_keeps_working_across_a_node_plugin_restart",
+    "guest_encrypted_krbd_filesystem_keeps_no_plaintext_on_the_image_and_grows",
+    "guest_encrypted_nbd_block_volume_and_a_wrong_key_leaves_the_header_alone",
 ];
 
 /// Guest tests of behaviour the node does not have yet, with why: they run and their result is
@@ -117,7 +119,12 @@ fn vm_suite() {
         .arg(&script)
         .arg("--")
         // The kernel modules a node loads before its plugin starts (the DaemonSet's job).
-        .args(["sh", "-c", "modprobe -a rbd nbd && exec \"$@\"", "sh"])
+        .args([
+            "sh",
+            "-c",
+            "modprobe -a rbd nbd dm_crypt && exec \"$@\"",
+            "sh",
+        ])
         // TMO: micro-ceph.sh's start timeout; under emulation on a busy machine 60 s is short.
         .args([
             "env",
@@ -1073,5 +1080,200 @@ fn guest_nbd_volume_keeps_working_across_a_node_plugin_restart() {
             b"after restart"
         );
         vol.detach(&mut node).await;
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encrypted volumes (LUKS2 on the mapped device, the key from a KMS entry).
+
+/// A KMS configuration in ceph-csi's format with one `metadata` entry, `plain`.
+fn kms_config(dir: &Path) -> PathBuf {
+    let path = dir.join("kms.json");
+    std::fs::write(&path, r#"{"plain": {"encryptionKMSType": "metadata"}}"#).expect("kms config");
+    path
+}
+
+/// Makes `vol` an encrypted volume of KMS entry `plain`, as a create through either front door
+/// does (the volume core's create-time step: a fresh key stored through the KMS).
+async fn encrypt(vol: &mut Volume<'_>, config: &Path) {
+    for (k, v) in [
+        ("encrypted", "true"),
+        ("encryptionType", "block"),
+        ("encryptionKMSID", "plain"),
+    ] {
+        vol.context.insert(k.to_owned(), v.to_owned());
+    }
+    let kms = rbd_volume::encryption::KmsConfig::load(config)
+        .and_then(|c| c.kms("plain"))
+        .expect("KMS entry");
+    rbd_volume::encryption::prepare(&vol.rados, &vol.cluster.pool, &vol.image, kms.as_ref())
+        .await
+        .expect("preparing the encrypted volume");
+}
+
+/// The raw image read with python-rbd (librbd, not the node): whether `marker` occurs anywhere
+/// in it, whether it starts with the LUKS magic, and the SHA-256 of its first MiB.
+fn raw_image(vol: &Volume<'_>, marker: &str) -> (bool, bool, String) {
+    const SCRIPT: &str = r#"
+import hashlib, sys, rados, rbd
+conf, pool, name, marker = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].encode()
+with rados.Rados(conffile=conf, rados_id="admin") as c:
+    with c.open_ioctx(pool) as io:
+        with rbd.Image(io, name, read_only=True) as img:
+            size, off, found, tail, chunk = img.size(), 0, False, b"", 4 << 20
+            first = img.read(0, 1 << 20)
+            while off < size:
+                data = img.read(off, min(chunk, size - off))
+                found = found or marker in tail + data
+                tail, off = data[-len(marker):], off + len(data)
+print("found" if found else "absent", first[:6] == b"LUKS\xba\xbe", hashlib.sha256(first).hexdigest())
+"#;
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", SCRIPT])
+        .arg(&vol.cluster.conf_path)
+        .args([&vol.cluster.pool, &vol.image, marker])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "reading the raw image: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut f = text.split_whitespace();
+    let found = f.next() == Some("found");
+    let luks = f.next() == Some("True");
+    (found, luks, f.next().unwrap_or_default().to_owned())
+}
+
+/// The device-mapper name of a block device ("" when it is not a device-mapper device).
+fn dm_name(device: &Path) -> String {
+    let rdev = std::os::unix::fs::MetadataExt::rdev(&std::fs::metadata(device).expect("device"));
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/dm/name"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+fn dm_devices() -> usize {
+    std::fs::read_dir("/sys/block")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("dm-"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_encrypted_krbd_filesystem_keeps_no_plaintext_on_the_image_and_grows() {
+    guest(|| async {
+        let dir = plugin_dir("crypt-krbd");
+        let config = kms_config(&dir);
+        let plugin = Plugin::start(&dir, &[&format!("--kms-config={}", config.display())]);
+        let mut node = plugin.client().await;
+        let mut vol = Volume::new("crypt-krbd", "krbd", 64).await;
+        encrypt(&mut vol, &config).await;
+        vol.attach(&mut node, false).await;
+        let device = vol.device();
+        assert!(
+            device
+                .display()
+                .to_string()
+                .starts_with("/dev/mapper/rbd-csi-"),
+            "staged on {} (expected the LUKS device)",
+            device.display()
+        );
+        vol.stage(&mut node)
+            .await
+            .expect("repeated NodeStageVolume");
+        assert_eq!(vol.device(), device, "a repeated stage opened it again");
+        let marker = "plaintext-marker-4c55b2c1e8";
+        let data = marker.repeat(4096);
+        write_file(&vol.target().join("data"), data.as_bytes()).expect("write");
+        vol.detach(&mut node).await;
+        assert_eq!(dm_devices(), 0, "unstage left the LUKS device open");
+        assert!(krbd_devices().is_empty(), "unstage left the image mapped");
+        let (found, luks, _) = raw_image(&vol, marker);
+        assert!(luks, "the image does not start with a LUKS header");
+        assert!(!found, "the plaintext marker is on the raw image");
+        // stage again: opened, not formatted; the data reads back
+        vol.attach(&mut node, false).await;
+        assert_eq!(
+            std::fs::read(vol.target().join("data")).expect("read back"),
+            data.as_bytes()
+        );
+        let (before, _) = stats(&mut node, &vol).await;
+        expand(&mut node, &vol, 128).await;
+        let (after, _) = stats(&mut node, &vol).await;
+        assert!(
+            after > before + (50 << 20),
+            "the LUKS device and ext4 grew: {before} -> {after}"
+        );
+        vol.detach(&mut node).await;
+        assert_eq!(dm_devices(), 0);
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_encrypted_nbd_block_volume_and_a_wrong_key_leaves_the_header_alone() {
+    guest(|| async {
+        let dir = plugin_dir("crypt-nbd");
+        let config = kms_config(&dir);
+        let plugin = Plugin::start(&dir, &[&format!("--kms-config={}", config.display())]);
+        let mut node = plugin.client().await;
+        let mut vol = Volume::new("crypt-nbd", "rbd-nbd", 64).await;
+        vol.block = true;
+        encrypt(&mut vol, &config).await;
+        block_round_trip(&vol, &mut node, "/dev/").await;
+        vol.attach(&mut node, false).await;
+        let name = dm_name(&vol.device());
+        assert!(
+            name.starts_with("rbd-csi-"),
+            "published {} (device-mapper name {name:?}), not the LUKS device",
+            vol.device().display()
+        );
+        vol.detach(&mut node).await;
+        assert_eq!(dm_devices(), 0, "unstage left the LUKS device open");
+        let (_, luks, header) = raw_image(&vol, "unused-marker");
+        assert!(luks, "the image does not start with a LUKS header");
+        // another key in the KMS: stage fails naming the KMS entry; nothing is formatted
+        vol.rados
+            .metadata_set(
+                &vol.cluster.pool,
+                &vol.image,
+                rbd_volume::encryption::kms::META_DEK,
+                &"0".repeat(64),
+            )
+            .await
+            .expect("replacing the key");
+        let err = vol
+            .stage(&mut node)
+            .await
+            .expect_err("stage with a wrong key");
+        assert!(
+            err.message().contains("\"plain\"") && err.message().contains("does not open"),
+            "{}",
+            err.message()
+        );
+        assert_eq!(dm_devices(), 0, "a failed stage left a LUKS device");
+        assert!(
+            !mounted(&vol.staging().join("device")),
+            "a failed stage left the device bound"
+        );
+        let (_, luks, after) = raw_image(&vol, "unused-marker");
+        assert!(luks && after == header, "the LUKS header changed");
+        // an unknown KMS entry is named too
+        vol.context
+            .insert("encryptionKMSID".to_owned(), "nope".to_owned());
+        let err = vol.stage(&mut node).await.expect_err("unknown KMS entry");
+        assert!(
+            err.message().contains("encryptionKMSID") && err.message().contains("\"nope\""),
+            "{}",
+            err.message()
+        );
     });
 }

@@ -28,6 +28,8 @@
 //!   configuration (enforced by librbd-based mappers, not by krbd);
 //! - [`publish`]: the nodes a volume is published to (CSI `ControllerPublishVolume`), recorded
 //!   on the image; a single-node volume is refused on a second node;
+//! - [`encryption`]: encrypted volumes (ceph-csi's class parameters, the KMS keeping each
+//!   volume's key);
 //! - [`snapshot`]: snapshots (clone-v2 snapshot images `csi-snap-...`), restores and volume
 //!   clones, deletes that keep dependents working, chain depth bounded by flattening.
 //!
@@ -36,6 +38,7 @@
 //! own error kinds.
 
 pub mod clusters;
+pub mod encryption;
 pub mod id;
 pub mod lifecycle;
 pub mod naming;

@@ -85,6 +85,8 @@ pub struct ControllerService {
     local_node: Option<String>,
     /// [`CsiConfig::max_volumes_per_node`], enforced by publish for [`Self::local_node`].
     max_volumes_per_node: i64,
+    /// [`CsiConfig::kms_config`].
+    kms_config: std::path::PathBuf,
 }
 
 /// A cluster and a pool spec (`pool` or `pool/namespace`) volumes live in.
@@ -123,6 +125,7 @@ impl ControllerService {
             kube_cluster: config.kube_cluster.clone(),
             local_node: config.services.node().then(|| config.node_id.clone()),
             max_volumes_per_node: config.max_volumes_per_node,
+            kms_config: config.kms_config.clone(),
         }
     }
 

@@ -52,6 +52,8 @@ pub struct CreateParams {
     pub unmap_options: Option<String>,
     /// `namespace/name` of the claim, when the external-provisioner passes it.
     pub claim: Option<String>,
+    /// `encrypted: "true"` (with `encryptionType`, `encryptionKMSID`): an encrypted volume.
+    pub encryption: Option<rbd_volume::encryption::Encryption>,
 }
 
 const CSI_PREFIX: &str = "csi.storage.k8s.io/";
@@ -76,6 +78,8 @@ pub fn create_params(
         map_options: None,
         unmap_options: None,
         claim: None,
+        encryption: rbd_volume::encryption::parameters(parameters)
+            .map_err(|e| Status::invalid_argument(format!("parameters: {e}")))?,
     };
     let mut monitors = None;
     let mut cluster_id = None;
@@ -127,6 +131,9 @@ pub fn create_params(
                 FsType::parse(value)
                     .map_err(|e| Status::invalid_argument(format!("parameters.{key}: {e}")))?;
             }
+            rbd_volume::encryption::PARAM_ENCRYPTED
+            | rbd_volume::encryption::PARAM_TYPE
+            | rbd_volume::encryption::PARAM_KMS_ID => {}
             "csi.storage.k8s.io/pvc/name" => claim_name = Some(value.to_owned()),
             "csi.storage.k8s.io/pvc/namespace" => claim_namespace = Some(value.to_owned()),
             other if other.starts_with(CSI_PREFIX) => {}
@@ -134,10 +141,17 @@ pub fn create_params(
                 return Err(Status::invalid_argument(format!(
                     "unknown parameter {other:?} (known: monitors, clusterID, pool, \
                      radosNamespace, topologyConstrainedPools, dataPool, imageFeatures, userID, \
-                     mounter, mapOptions, unmapOptions, csi.storage.k8s.io/*)"
+                     mounter, mapOptions, unmapOptions, encrypted, encryptionType, \
+                     encryptionKMSID, csi.storage.k8s.io/*)"
                 )));
             }
         }
+    }
+    if params.encryption.is_some() && params.mounter == Some(MounterKind::FuseLoop) {
+        return Err(Status::invalid_argument(
+            "parameters.encrypted: encrypted volumes need a block device for LUKS2 and the fuse \
+             mounter has none; use mounter \"rbd\" or \"rbd-nbd\"",
+        ));
     }
     let invalid = |message: String| Status::invalid_argument(message);
     params.cluster = match (monitors, cluster_id) {

@@ -109,6 +109,9 @@ fn volume_context(
     if let Some(o) = &params.unmap_options {
         volume_context.insert(context::UNMAP_OPTIONS.to_owned(), o.clone());
     }
+    if let Some(enc) = &params.encryption {
+        volume_context.extend(rbd_volume::encryption::context(enc));
+    }
     volume_context
 }
 
@@ -146,6 +149,11 @@ pub(super) async fn create(
         .map(Features::parse)
         .transpose()
         .map_err(|e| Status::invalid_argument(format!("parameters.imageFeatures: {e}")))?;
+    // An encrypted class's KMS entry is resolved before anything is made.
+    let kms = match &params.encryption {
+        Some(enc) => Some(kms_for(&ctl.kms_config, enc).await?),
+        None => None,
+    };
     let _guard = ctl.locks.lock_or_abort(name)?;
     let cluster = ctl.cluster(&place.cluster, &user, &key).await?;
     // a namespace that does not exist is the class's mistake, said before anything is made
@@ -184,6 +192,12 @@ pub(super) async fn create(
         Some(content) => clone_from(ctl, &cluster, &new, &place.cluster, content).await?,
     };
     super::modify::apply(&cluster, &pool, &image, &qos).await?;
+    if let Some(kms) = &kms {
+        // A clone or a restore finds its source's key (copied with the image metadata).
+        rbd_volume::encryption::prepare(&cluster, &pool, &image, kms.as_ref())
+            .await
+            .map_err(|e| Status::unavailable(format!("storing the volume's key: {e}")))?;
+    }
     let capacity = ensured.size;
 
     Ok(csi::CreateVolumeResponse {
@@ -194,6 +208,25 @@ pub(super) async fn create(
             content_source: req.volume_content_source,
             accessible_topology: place.topology,
         }),
+    })
+}
+
+/// The KMS of an encrypted class's `encryptionKMSID`, from the KMS configuration file.
+async fn kms_for(
+    path: &std::path::Path,
+    enc: &rbd_volume::encryption::Encryption,
+) -> Result<Box<dyn rbd_volume::encryption::Kms>, Status> {
+    let path = path.to_path_buf();
+    let config =
+        tokio::task::spawn_blocking(move || rbd_volume::encryption::KmsConfig::load(&path))
+            .await
+            .map_err(|e| Status::internal(format!("reading the KMS configuration: {e}")))?
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+    config.kms(&enc.kms_id).map_err(|e| {
+        Status::invalid_argument(format!(
+            "parameters.{}: {e}",
+            rbd_volume::encryption::PARAM_KMS_ID
+        ))
     })
 }
 

@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use ceph_rbd::{Cluster, ClusterConfig, Secret};
+use rbd_volume::encryption::{Dek, Kms};
 use tonic::Status;
 
 use crate::mapper::{ImageSpec, Key};
@@ -70,6 +71,22 @@ pub trait ClusterCheck: Send + Sync {
     /// `PERMISSION_DENIED` for a key the cluster refuses, `NOT_FOUND` for a missing image,
     /// `UNAVAILABLE` when the cluster does not answer.
     async fn inspect(&self, image: &ImageSpec, key: &Key) -> Result<ClusterView, Status>;
+
+    /// An encrypted volume's DEK from `kms`, read with the caller's key (`None`: none stored).
+    ///
+    /// # Errors
+    /// As [`ClusterCheck::inspect`]; the KMS's errors name its entry.
+    async fn fetch_dek(
+        &self,
+        image: &ImageSpec,
+        _key: &Key,
+        kms: &dyn Kms,
+    ) -> Result<Option<Dek>, Status> {
+        Err(Status::failed_precondition(format!(
+            "KMS entry {:?}: no cluster to read the key of image {image} from",
+            kms.id()
+        )))
+    }
 }
 
 /// The real check, through librados/librbd with a connection of its own for the call.
@@ -99,6 +116,27 @@ impl ClusterCheck for CephCheck {
             fsid: Some(fsid),
             watchers,
         })
+    }
+
+    async fn fetch_dek(
+        &self,
+        image: &ImageSpec,
+        key: &Key,
+        kms: &dyn Kms,
+    ) -> Result<Option<Dek>, Status> {
+        let cfg = ClusterConfig::new(&image.monitors, &image.user, Secret::new(key.expose()))
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_op_timeout(OP_TIMEOUT);
+        let cluster = Cluster::connect(&cfg).await.map_err(ceph_status)?;
+        let pool = ceph_rbd::pool_spec(&image.pool, &image.namespace);
+        let target = rbd_volume::encryption::kms::Target {
+            cluster: &cluster,
+            pool: &pool,
+            image: &image.image,
+        };
+        kms.fetch_dek(&target)
+            .await
+            .map_err(|e| Status::failed_precondition(format!("reading the volume's key: {e}")))
     }
 }
 

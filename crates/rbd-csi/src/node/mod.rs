@@ -11,6 +11,7 @@
 //! only the call that touches it, not every other call of the plugin.
 
 pub mod access;
+mod crypt;
 mod publish;
 pub mod record;
 pub mod request;
@@ -51,6 +52,9 @@ pub struct NodeConfig {
     pub topology: std::collections::BTreeMap<String, String>,
     /// Where the rbd-fuse and rbd-nbd daemons start, so that they outlive the plugin.
     pub daemons: crate::mapper::daemon::DaemonPlacement,
+    /// The KMS configuration of encrypted volumes (ceph-csi's `config.json`), read when an
+    /// encrypted volume is staged.
+    pub kms_config: PathBuf,
 }
 
 /// The Node service.

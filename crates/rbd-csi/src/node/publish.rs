@@ -59,7 +59,7 @@ pub(super) fn publish(
     }
     let source = if staged.block {
         create_file(&target)?;
-        staged.mapped.device.clone()
+        staged.exposed_device()
     } else {
         std::fs::create_dir_all(&target).map_err(|e| internal("creating target_path", &e))?;
         staging.clone()

@@ -26,9 +26,23 @@ pub struct StagingRecord {
     /// The fsid of the cluster the image was mapped from (records of older versions have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_fsid: Option<String>,
+    /// An encrypted volume: the device-mapper name of its opened LUKS device, which is what is
+    /// mounted or bound (closed before the image is unmapped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crypt: Option<String>,
 }
 
 impl StagingRecord {
+    /// The device the volume's data is on: the opened LUKS device of an encrypted volume, else
+    /// the mapped device.
+    #[must_use]
+    pub fn exposed_device(&self) -> PathBuf {
+        match &self.crypt {
+            Some(name) => Path::new("/dev/mapper").join(name),
+            None => self.mapped.device.clone(),
+        }
+    }
+
     /// The options the image was mapped with, for unmapping it.
     #[must_use]
     pub fn map_options(&self) -> MapOptions {
@@ -121,6 +135,7 @@ mod tests {
             block: false,
             read_only: true,
             cluster_fsid: Some("f00d".into()),
+            crypt: Some("rbd-csi-00".into()),
         };
         write(&staging, &record).unwrap();
         assert_eq!(read(&staging).unwrap(), Some(record));

@@ -10,6 +10,10 @@
 //! `<staging>/device`. A failure after mapping unmaps again, so a failed stage leaves nothing
 //! behind.
 //!
+//! Encrypted volumes (`encrypted: "true"` in the volume context, [`crypt`]): the key is fetched
+//! before mapping, and the LUKS2 device opened on the mapped one (formatted on the first stage) is
+//! what gets the filesystem or the block bind; unstage closes it before unmapping.
+//!
 //! Unstage: unmount whatever is at the staging path, unmap what the record says was mapped (only
 //! if that device still maps the recorded image), remove the record. Every step tolerates
 //! "already done".
@@ -25,9 +29,9 @@ use tonic::Status;
 use super::access::{self, Watcher};
 use super::record::{self, BLOCK_DEVICE_FILE, StagingRecord};
 use super::request::{self, Access};
-use super::{NodeService, blocking};
+use super::{NodeService, blocking, crypt};
 use crate::fs::{self, Contents, FsType};
-use crate::mapper::{ImageSpec, MapOptions, MappedDevice};
+use crate::mapper::{ImageSpec, MapOptions};
 use crate::mount;
 use crate::proto::csi;
 use crate::status::{internal, require};
@@ -59,6 +63,13 @@ pub(super) async fn stage(
     }
 
     let mapper = node.mapper(params.mounter)?;
+    let encryption = crypt::settings(&req.volume_context, params.mounter)?;
+    // The key first: a volume whose key cannot be had is not mapped at all.
+    let dek = match &encryption {
+        Some(enc) => Some(crypt::fetch_dek(node, &params, enc).await?),
+        None => None,
+    };
+    let crypt_name = encryption.as_ref().map(|_| crypt::mapper_name(volume_id));
     // With the caller's key: authenticates it (also when the image is mapped here already), and
     // tells the cluster's fsid and who has the image open.
     let view = node.cluster.inspect(&params.image, &params.key).await?;
@@ -80,6 +91,7 @@ pub(super) async fn stage(
         block,
         read_only,
         cluster_fsid: view.fsid,
+        crypt: crypt_name.clone(),
     };
     let path = staging.clone();
     let result = match blocking(move || {
@@ -87,12 +99,27 @@ pub(super) async fn stage(
     })
     .await
     {
-        Ok(()) => expose(&access, read_only, &mapped, &staging).await,
+        Ok(()) => match (&encryption, &dek, &crypt_name) {
+            (Some(enc), Some(dek), Some(name)) => {
+                match crypt::unlock(&mapped, name, dek, &enc.kms_id, read_only).await {
+                    Ok(device) => expose(&access, read_only, &device, &staging).await,
+                    Err(status) => Err(status),
+                }
+            }
+            _ => expose(&access, read_only, &mapped.device, &staging).await,
+        },
         Err(status) => Err(status),
     };
+    drop(dek);
     if let Err(status) = result {
         tracing::warn!(volume_id, error = %status.message(), "stage failed; unmapping");
-        if let Err(e) = mapper.unmap_with(&mapped, &params.image, &options).await {
+        let closed = match &crypt_name {
+            Some(name) => crypt::close(name).await,
+            None => Ok(()),
+        };
+        if let Err(e) = closed {
+            tracing::warn!(volume_id, error = %e.message(), "closing the LUKS device after failed stage failed");
+        } else if let Err(e) = mapper.unmap_with(&mapped, &params.image, &options).await {
             tracing::warn!(volume_id, error = %e, "unmap after failed stage failed");
         } else {
             let path = staging.clone();
@@ -191,10 +218,10 @@ async fn refuse_foreign_watchers(
 async fn expose(
     access: &Access,
     read_only: bool,
-    mapped: &MappedDevice,
+    device: &Path,
     staging: &Path,
 ) -> Result<(), Status> {
-    let device = mapped.device.clone();
+    let device = device.to_path_buf();
     let staging = staging.to_path_buf();
     match access {
         Access::Block => {
@@ -359,6 +386,9 @@ pub(super) async fn unstage(
     })
     .await?;
     if let Some(existing) = existing {
+        if let Some(name) = &existing.crypt {
+            crypt::close(name).await?;
+        }
         let mapper = node.mapper(existing.mapped.mounter)?;
         // Unmaps only what still maps the recorded image (the recorded device may be another
         // volume's after a reboot).

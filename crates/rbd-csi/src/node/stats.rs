@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tonic::Status;
 
 use super::record;
-use super::{NodeService, blocking};
+use super::{NodeService, blocking, crypt};
 use crate::fs::{self, FsType};
 use crate::mapper::fuse_loop::FuseAttachment;
 use crate::mapper::loop_device::backing_file;
@@ -165,12 +165,17 @@ fn read_only_device(device: &Path) -> bool {
     })
 }
 
-fn mapped_device(staging: Option<&Path>, volume_path: &Path) -> Result<MappedDevice, Status> {
+/// The mapped device behind a volume, and the device-mapper name of its opened LUKS device when
+/// it is encrypted (known from the staging record only).
+fn mapped_device(
+    staging: Option<&Path>,
+    volume_path: &Path,
+) -> Result<(MappedDevice, Option<String>), Status> {
     if let Some(staging) = staging
         && let Some(rec) =
             record::read(staging).map_err(|e| internal("reading staging record", &e))?
     {
-        return Ok(rec.mapped);
+        return Ok((rec.mapped, rec.crypt));
     }
     let device = if fs::is_block_device(volume_path) {
         let entry = mount::mount_at(volume_path)
@@ -195,15 +200,18 @@ fn mapped_device(staging: Option<&Path>, volume_path: &Path) -> Result<MappedDev
             image_file: file,
         })
     });
-    Ok(MappedDevice {
-        mounter: if fuse.is_some() {
-            MounterKind::FuseLoop
-        } else {
-            MounterKind::Krbd
+    Ok((
+        MappedDevice {
+            mounter: if fuse.is_some() {
+                MounterKind::FuseLoop
+            } else {
+                MounterKind::Krbd
+            },
+            device,
+            fuse,
         },
-        device,
-        fuse,
-    })
+        None,
+    ))
 }
 
 /// Grows what the node sees after the controller grew the image: the device (fuse-loop needs a
@@ -231,7 +239,7 @@ pub(super) async fn expand(
     let staging =
         (!req.staging_target_path.is_empty()).then(|| PathBuf::from(&req.staging_target_path));
     let path = volume_path.clone();
-    let mapped = blocking(move || mapped_device(staging.as_deref(), &path)).await?;
+    let (mapped, crypt_name) = blocking(move || mapped_device(staging.as_deref(), &path)).await?;
     if read_only_device(&mapped.device) {
         return Err(Status::failed_precondition(format!(
             "{} is mapped read-only (a reader-only volume): it is not grown; a writable stage \
@@ -249,7 +257,15 @@ pub(super) async fn expand(
             .refresh_size(&mapped, new_size)
             .await?;
     }
-    let (device, path) = (mapped.device.clone(), volume_path.clone());
+    // An encrypted volume: the LUKS device grows to the grown image, then its filesystem.
+    let grown = match &crypt_name {
+        Some(name) => {
+            crypt::resize(name).await?;
+            crypt::mapper_device(name)
+        }
+        None => mapped.device.clone(),
+    };
+    let (device, path) = (grown.clone(), volume_path.clone());
     // The device size, and the filesystem mount when the volume is not a raw block volume.
     let (device_size, mounted) = blocking(move || {
         let size =
@@ -266,11 +282,11 @@ pub(super) async fn expand(
     .await?;
     if let Some((entry, only_mount)) = mounted {
         let fs = FsType::parse(&entry.fs_type).map_err(Status::failed_precondition)?;
-        match fs::grow_online(fs, &mapped.device, &volume_path).await {
+        match fs::grow_online(fs, &grown, &volume_path).await {
             Err(fs::FsError::OnlineGrowRefused { .. }) if only_mount => {
                 // Mounted nowhere else (kubelet expands right after staging, before any
                 // publish): grow it offline in place.
-                grow_offline_in_place(&entry, &mapped.device, &volume_path).await?;
+                grow_offline_in_place(&entry, &grown, &volume_path).await?;
             }
             result => result?,
         }

@@ -1,0 +1,254 @@
+//! Key management: where a volume's DEK is kept.
+//!
+//! The configuration is ceph-csi's `config.json`: a JSON object of entries, each an object with
+//! `encryptionKMSType`. Provided here:
+//!
+//! | `encryptionKMSType` | the DEK is kept |
+//! | --- | --- |
+//! | `metadata` (without `secretName`) | in the image's metadata ([`META_DEK`]), as it is: for clusters whose Ceph access is trusted |
+//!
+//! Other types (Vault, cloud KMSs, ceph-csi's `metadata` with `secretName`) are refused with an
+//! error naming the entry; a new one implements [`Kms`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+
+use ceph_rbd::Cluster;
+
+use super::EncryptionError;
+
+/// Image metadata: the DEK of the `metadata` KMS (ceph-csi's key).
+pub const META_DEK: &str = "rbd.csi.ceph.com/dek";
+
+/// A volume's passphrase (data encryption key): 32 random bytes, hex. Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Dek(String);
+
+impl Dek {
+    /// A fresh key from the kernel's random source.
+    ///
+    /// # Errors
+    /// Reading `/dev/urandom`.
+    pub fn generate() -> std::io::Result<Dek> {
+        let mut bytes = [0u8; 32];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+        Ok(Dek(crate::hex(&bytes)))
+    }
+
+    /// A key as stored.
+    #[must_use]
+    pub fn new(value: String) -> Dek {
+        Dek(value)
+    }
+
+    /// The passphrase, for the one place it is handed to (cryptsetup's stdin).
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Dek {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Dek(<redacted>)")
+    }
+}
+
+/// The image a key belongs to, with a connection that may read (and on create, write) its
+/// metadata.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub cluster: &'a Cluster,
+    pub pool: &'a str,
+    pub image: &'a str,
+}
+
+/// A key management service: keeps one DEK per volume.
+#[async_trait::async_trait]
+pub trait Kms: Send + Sync {
+    /// The configuration entry's name (`encryptionKMSID`), for errors and logs.
+    fn id(&self) -> &str;
+    /// The volume's DEK, `None` when none is stored.
+    async fn fetch_dek(&self, target: &Target<'_>) -> Result<Option<Dek>, EncryptionError>;
+    /// Stores the volume's DEK (replacing one stored).
+    async fn store_dek(&self, target: &Target<'_>, dek: &Dek) -> Result<(), EncryptionError>;
+    /// Removes the volume's DEK when the volume is deleted (nothing to do for a KMS that keeps
+    /// it with the image).
+    async fn remove_dek(&self, target: &Target<'_>) -> Result<(), EncryptionError>;
+}
+
+/// The `metadata` KMS: the DEK in the image's own metadata. Whoever can read the image's
+/// metadata (a Ceph key with read access to the pool) can read the data.
+#[derive(Clone, Debug)]
+pub struct MetadataKms {
+    id: String,
+}
+
+#[async_trait::async_trait]
+impl Kms for MetadataKms {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn fetch_dek(&self, target: &Target<'_>) -> Result<Option<Dek>, EncryptionError> {
+        let value = target
+            .cluster
+            .metadata_get(target.pool, target.image, META_DEK)
+            .await
+            .map_err(|source| self.ceph(source))?;
+        match value {
+            Some(v) if v.trim_start().starts_with('{') => Err(EncryptionError::Kms {
+                id: self.id.clone(),
+                problem: format!(
+                    "image {}/{} holds a wrapped key (ceph-csi's metadata KMS with a \
+                     secretName), which this entry cannot unwrap",
+                    target.pool, target.image
+                ),
+            }),
+            Some(v) if !v.is_empty() => Ok(Some(Dek(v))),
+            _ => Ok(None),
+        }
+    }
+
+    async fn store_dek(&self, target: &Target<'_>, dek: &Dek) -> Result<(), EncryptionError> {
+        target
+            .cluster
+            .metadata_set(target.pool, target.image, META_DEK, dek.expose())
+            .await
+            .map_err(|source| self.ceph(source))
+    }
+
+    async fn remove_dek(&self, _target: &Target<'_>) -> Result<(), EncryptionError> {
+        // Removed with the image.
+        Ok(())
+    }
+}
+
+impl MetadataKms {
+    fn ceph(&self, source: ceph_rbd::Error) -> EncryptionError {
+        EncryptionError::Ceph {
+            id: self.id.clone(),
+            source,
+        }
+    }
+}
+
+/// The KMS configuration (ceph-csi's `config.json`), as read from its file.
+#[derive(Clone, Debug)]
+pub struct KmsConfig {
+    path: String,
+    entries: BTreeMap<String, serde_json::Value>,
+}
+
+impl KmsConfig {
+    /// Reads the configuration at `path`.
+    ///
+    /// # Errors
+    /// [`EncryptionError::Config`] naming the file: unreadable, not a JSON object of objects.
+    pub fn load(path: &Path) -> Result<KmsConfig, EncryptionError> {
+        let shown = path.display().to_string();
+        let problem = |problem: String| EncryptionError::Config {
+            path: shown.clone(),
+            problem,
+        };
+        let text =
+            std::fs::read_to_string(path).map_err(|e| problem(format!("cannot read: {e}")))?;
+        KmsConfig::parse(&shown, &text)
+    }
+
+    /// Parses a configuration's text (`path` names it in errors).
+    ///
+    /// # Errors
+    /// [`EncryptionError::Config`]: not a JSON object whose values are objects.
+    pub fn parse(path: &str, text: &str) -> Result<KmsConfig, EncryptionError> {
+        let problem = |problem: String| EncryptionError::Config {
+            path: path.to_owned(),
+            problem,
+        };
+        let entries: BTreeMap<String, serde_json::Value> = serde_json::from_str(text)
+            .map_err(|e| problem(format!("not a JSON object of KMS entries: {e}")))?;
+        if let Some((id, _)) = entries.iter().find(|(_, v)| !v.is_object()) {
+            return Err(problem(format!("entry {id:?} is not a JSON object")));
+        }
+        Ok(KmsConfig {
+            path: path.to_owned(),
+            entries,
+        })
+    }
+
+    /// The KMS of entry `id`.
+    ///
+    /// # Errors
+    /// [`EncryptionError::UnknownKms`] for an id not in the file; [`EncryptionError::Kms`] for an
+    /// entry of a type not provided or malformed.
+    pub fn kms(&self, id: &str) -> Result<Box<dyn Kms>, EncryptionError> {
+        let entry = self
+            .entries
+            .get(id)
+            .ok_or_else(|| EncryptionError::UnknownKms {
+                id: id.to_owned(),
+                path: self.path.clone(),
+                known: self.entries.keys().cloned().collect::<Vec<_>>().join(", "),
+            })?;
+        let problem = |problem: String| EncryptionError::Kms {
+            id: id.to_owned(),
+            problem,
+        };
+        let kind = entry
+            .get("encryptionKMSType")
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| problem("encryptionKMSType is missing or not a string".to_owned()))?;
+        match kind {
+            "metadata" if entry.get("secretName").is_none() => {
+                Ok(Box::new(MetadataKms { id: id.to_owned() }))
+            }
+            "metadata" => Err(problem(
+                "encryptionKMSType \"metadata\" with secretName (a key-encryption key from a \
+                 Secret) is not provided yet"
+                    .to_owned(),
+            )),
+            other => Err(problem(format!(
+                "encryptionKMSType {other:?} is not provided by this driver (provided: \
+                 \"metadata\")"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dek_is_64_hex_digits_and_never_printed() {
+        let dek = Dek::generate().map_err(|e| e.to_string());
+        let dek = dek.as_ref().map(Dek::expose).map(str::to_owned);
+        assert!(
+            dek.as_ref()
+                .is_ok_and(|d| d.len() == 64 && d.chars().all(|c| c.is_ascii_hexdigit()))
+        );
+        assert_eq!(
+            format!("{:?}", Dek::new("secret".into())),
+            "Dek(<redacted>)"
+        );
+    }
+
+    #[test]
+    fn config_errors_name_the_file_and_the_entry() {
+        let err = |text: &str, id: &str| {
+            KmsConfig::parse("/kms.json", text)
+                .and_then(|c| c.kms(id).map(|k| k.id().to_owned()))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(err("[]", "x").starts_with("KMS configuration /kms.json:"));
+        let good = r#"{"plain":{"encryptionKMSType":"metadata"},
+                      "v":{"encryptionKMSType":"vault"}}"#;
+        assert!(err(good, "nope").contains("\"nope\" is not an entry"));
+        assert!(err(good, "v").starts_with("KMS entry \"v\""));
+        assert_eq!(err(good, "plain"), "");
+    }
+}
