@@ -512,9 +512,10 @@ impl Cluster {
         let guard = self.claim_image(op, pool, name).await?;
         let (name, opts) = (name.to_string(), opts.clone());
         let target = format!("{pool}/{name}");
+        let lock_secs = crate::create::creator_lock_secs(self.op_timeout);
         self.with_pool(op, pool, target.clone(), move |io| {
             let _guard = guard;
-            match crate::create::create_plain(io, op, &target, &name, size, &opts)? {
+            match crate::create::create_plain(io, op, &target, &name, size, &opts, lock_secs)? {
                 crate::create::Plain::Created => Ok(()),
                 crate::create::Plain::No(why) => {
                     tracing::debug!(image = %target, why, "creating through librbd");
@@ -579,7 +580,8 @@ impl Cluster {
         check_image_name(op, pool, name)?;
         let target = format!("{pool}/{name}");
         let id_object = format!("rbd_id.{name}");
-        let lock = crate::create::creator_lock_op();
+        let lock =
+            crate::create::creator_lock_op(crate::create::creator_lock_secs(self.op_timeout));
         let result = self
             .with_pool(op, pool, target.clone(), move |io| {
                 io.write_op(

@@ -14,7 +14,7 @@
 //!
 //! A failed step undoes the earlier ones, as librbd does; a crash between steps leaves a
 //! partial image (no header) that librbd's remove cleans up. The ID object is created holding
-//! the exclusive `rados` lock [`CREATOR_LOCK`] for [`CREATOR_LOCK_SECS`]: while it holds it, the
+//! the exclusive `rados` lock [`CREATOR_LOCK`] for [`creator_lock_secs`]: while it holds it, the
 //! creator owns the name, and another client does not take its partial image for a crashed one
 //! (`Cluster::claim_partial_image`). Anything else is left to librbd
 //! ([`Plain::No`]).
@@ -32,22 +32,28 @@ static CREATED_PLAIN: AtomicU64 = AtomicU64::new(0);
 /// image: the client that holds it (with cookie [`CREATOR_COOKIE`]) owns the name.
 pub const CREATOR_LOCK: &str = "rbd-provisioner.create";
 const CREATOR_COOKIE: &str = "create";
-/// How long the creator lock holds: longer than a live create takes (its few RADOS writes;
-/// our calls give up after the operation timeout, 30 s by default), short enough that a crashed
-/// creator's partial image is repaired soon after. The lock stays on a finished image until it
-/// expires; nothing else reads it.
-pub const CREATOR_LOCK_SECS: u32 = 60;
+/// How long the creator lock holds, for a connection whose calls give up after `op_timeout`:
+/// twice that plus 5 s (at least 10 s, at most 2 min). Longer than a live create takes (a few
+/// RADOS writes in one call bounded by the operation timeout), short enough that the partial
+/// image of a creator that died (a SIGKILLed leader) is repaired soon after: 15 s with the
+/// provisioner's default 5 s timeout. The lock stays on a finished image until it expires;
+/// nothing else reads it.
+#[must_use]
+pub fn creator_lock_secs(op_timeout: std::time::Duration) -> u32 {
+    let secs = op_timeout.as_secs().saturating_mul(2).saturating_add(5);
+    u32::try_from(secs.clamp(10, 120)).unwrap_or(120)
+}
 
 /// Input of the `lock` class's `lock` method (`cls_lock_lock_op`): the exclusive
-/// [`CREATOR_LOCK`] with our cookie, for [`CREATOR_LOCK_SECS`], not renewed.
-pub(crate) fn creator_lock_op() -> Vec<u8> {
+/// [`CREATOR_LOCK`] with our cookie, for `secs` ([`creator_lock_secs`]), not renewed.
+pub(crate) fn creator_lock_op(secs: u32) -> Vec<u8> {
     let mut body = Vec::new();
     put_bytes(&mut body, CREATOR_LOCK.as_bytes());
     body.push(1); // LOCK_EXCLUSIVE
     put_bytes(&mut body, CREATOR_COOKIE.as_bytes());
     put_bytes(&mut body, b""); // tag
     put_bytes(&mut body, b"rbd-provisioner image create"); // description
-    body.extend_from_slice(&CREATOR_LOCK_SECS.to_le_bytes()); // utime_t seconds
+    body.extend_from_slice(&secs.to_le_bytes()); // utime_t seconds
     body.extend_from_slice(&0u32.to_le_bytes()); // and nanoseconds
     body.push(0); // flags
     // ENCODE_START(1, 1): version, compat version, length
@@ -190,6 +196,7 @@ pub(crate) fn create_plain(
     name: &str,
     size: u64,
     opts: &CreateOptions,
+    lock_secs: u32,
 ) -> Result<Plain, Error> {
     let default_order = io
         .conf_get(op, "rbd_default_order")?
@@ -235,7 +242,7 @@ pub(crate) fn create_plain(
     };
     let mut id_arg = Vec::new();
     put_bytes(&mut id_arg, id.as_bytes());
-    let lock = creator_lock_op();
+    let lock = creator_lock_op(lock_secs);
     if let Err(e) = io.write_op(
         op,
         target,
@@ -290,6 +297,15 @@ pub(crate) fn create_plain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_creator_lock_outlasts_a_live_create_and_not_much_more() {
+        use std::time::Duration;
+        assert_eq!(creator_lock_secs(Duration::from_secs(5)), 15);
+        assert_eq!(creator_lock_secs(Duration::from_secs(30)), 65);
+        assert_eq!(creator_lock_secs(Duration::from_millis(500)), 10);
+        assert_eq!(creator_lock_secs(Duration::from_secs(3600)), 120);
+    }
     use crate::Features;
 
     fn with(features: &str) -> CreateOptions {
