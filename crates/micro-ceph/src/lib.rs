@@ -99,34 +99,48 @@ impl MicroCeph {
     /// Like [`MicroCeph::start`], with extra `micro-ceph.sh` settings (`("MSGR1", "1")` for a
     /// cluster that also speaks msgr1).
     pub fn start_with(settings: &[(&str, &str)]) -> Result<MicroCeph, Error> {
-        let (mon_port, lock) = claim_port()?;
-        // The pid makes the directory this process's own: a guardian left by an earlier test
-        // binary that used the same port stops only that binary's cluster, never ours.
-        let dir =
-            std::env::temp_dir().join(format!("micro-ceph-test-{mon_port}-{}", std::process::id()));
-        let scripts = scripts_dir();
-        let out = Command::new(scripts.join("micro-ceph.sh"))
-            .arg(&dir)
-            .env("MON_PORT", mon_port.to_string())
-            .envs(settings.iter().copied())
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| Error::Io {
-                what: "running micro-ceph.sh".into(),
-                source,
-            })?;
-        if !out.status.success() {
+        // A port found free can be taken before the script binds it (any listener bound to port
+        // 0 gets an ephemeral port, and that range overlaps ours): then the script says "already
+        // in use" and another port is claimed, the busy one kept locked meanwhile so the next
+        // claim passes it by.
+        let mut busy_ports = Vec::new();
+        let (dir, mon_port, lock) = loop {
+            let (mon_port, lock) = claim_port()?;
+            // The pid makes the directory this process's own: a guardian left by an earlier test
+            // binary that used the same port stops only that binary's cluster, never ours.
+            let dir = std::env::temp_dir()
+                .join(format!("micro-ceph-test-{mon_port}-{}", std::process::id()));
+            let scripts = scripts_dir();
+            let out = Command::new(scripts.join("micro-ceph.sh"))
+                .arg(&dir)
+                .env("MON_PORT", mon_port.to_string())
+                .envs(settings.iter().copied())
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|source| Error::Io {
+                    what: "running micro-ceph.sh".into(),
+                    source,
+                })?;
+            if out.status.success() {
+                break (dir, mon_port, lock);
+            }
             // The script kills what it started on failure; remove the directory too.
             stop(&dir, true);
+            let output = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if output.contains("already in use") && busy_ports.len() < 5 {
+                busy_ports.push(lock);
+                continue;
+            }
             return Err(Error::StartFailed {
                 status: out.status.to_string(),
-                output: format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ),
+                output,
             });
-        }
+        };
+        drop(busy_ports);
         spawn_guardian(&dir)?;
         let env_path = dir.join("env");
         let env = std::fs::read_to_string(&env_path).map_err(|source| Error::Env {
