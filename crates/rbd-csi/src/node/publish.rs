@@ -103,7 +103,21 @@ pub(super) fn unpublish(
     let volume_id = require(&req.volume_id, "volume_id")?;
     let target = PathBuf::from(require(&req.target_path, "target_path")?);
     let _guard = node.locks.lock_or_abort(volume_id)?;
-    mount::unmount_all(&target).map_err(|e| internal("unmounting target_path", &e))?;
+    // EBUSY is retried briefly: a reference the kernel drops a moment later (a process that has
+    // just closed its last file there) should not fail the call.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        match mount::unmount_all(&target) {
+            Ok(()) => break,
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(internal("unmounting target_path", &e)),
+        }
+    }
     let removed = match std::fs::symlink_metadata(&target) {
         Ok(meta) if meta.is_dir() => std::fs::remove_dir(&target),
         Ok(_) => std::fs::remove_file(&target),
