@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 /// The two runs one at a time: each checks that nothing of `sanity*` is left in the pool.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// How long the whole suite may take (it takes a few seconds here).
-const SUITE_DEADLINE: Duration = Duration::from_mins(15);
+/// How long the whole suite may take (under a minute here, alone; a few under CI's load).
+const SUITE_DEADLINE: Duration = Duration::from_mins(5);
 /// `--max-volumes-per-node` of the plugin: the suite publishes this many volumes to the node and
 /// expects the next publish to fail.
 const MAX_VOLUMES_PER_NODE: u32 = 3;
@@ -109,6 +109,70 @@ impl Drop for Plugin {
             );
         }
     }
+}
+
+/// The last `n` lines of a file.
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// What a hung run was doing: the end of csi-sanity's report and of the plugin's log, and the
+/// state and kernel stack of every process whose command line names the run's directory
+/// (rbd-fuse instances, mkfs, mount), with the loop devices attached to it.
+fn hang_report(report: &Path, log: &Path, dir: &Path) -> String {
+    let mut out = format!(
+        "---- csi-sanity report (end) ----\n{}\n---- plugin log (end) ----\n{}\n",
+        tail(report, 40),
+        tail(log, 40)
+    );
+    let needle = dir.to_string_lossy().into_owned();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let path = entry.path();
+        let Ok(cmdline) = std::fs::read(path.join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !cmdline.contains(&needle) || cmdline.contains("csi-sanity ") {
+            continue;
+        }
+        let state = std::fs::read_to_string(path.join("status"))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("State:"))
+            .unwrap_or_default()
+            .to_string();
+        out += &format!(
+            "---- pid {}: {cmdline}\n{state}\n",
+            entry.file_name().to_string_lossy()
+        );
+        // the kernel stack of each thread blocked in the kernel (a read of a dead fuse mount)
+        for task in std::fs::read_dir(path.join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            if status
+                .lines()
+                .any(|l| l.starts_with("State:") && l.contains("(disk sleep)"))
+            {
+                let stack = std::fs::read_to_string(task.path().join("stack")).unwrap_or_default();
+                out += &format!(
+                    "thread {} in D state:\n{stack}",
+                    task.file_name().to_string_lossy()
+                );
+            }
+        }
+    }
+    if let Ok(loops) = Command::new("losetup").args(["-l", "-n"]).output() {
+        out += &format!(
+            "---- loop devices ----\n{}",
+            String::from_utf8_lossy(&loops.stdout)
+        );
+    }
+    out
 }
 
 /// Writes `text` to a new `0600` file (the test cluster's admin key goes into two files).
@@ -270,9 +334,12 @@ fn run_suite(sanity: &Path, run: &Run<'_>) -> String {
             break status;
         }
         if Instant::now() > deadline {
+            // What hung, before anything is stopped: the spec csi-sanity was in, the plugin's
+            // last words, and where each rbd-fuse of this run waits.
+            let stuck = hang_report(&report, &log, d);
             let _ = suite.kill();
             let _ = suite.wait();
-            panic!("csi-sanity did not finish within {SUITE_DEADLINE:?}");
+            panic!("csi-sanity did not finish within {SUITE_DEADLINE:?}\n{stuck}");
         }
         std::thread::sleep(Duration::from_millis(100));
     };
