@@ -175,8 +175,23 @@ impl FuseLoopMapper {
                 break;
             }
             if let Ok(Some(status)) = child.try_wait() {
-                let stderr = redact(&log_tail(&log_path), key);
+                let mut stderr = redact(&log_tail(&log_path), key);
                 remove_instance_files(dir);
+                if status.code().is_none() && args.iter().any(|a| a == "-p" || a == "-s") {
+                    // killed by a signal at start: Ceph 20.2's rbd-fuse, see `fuse_args`
+                    stderr = format!(
+                        "{stderr}\nrbd-fuse crashed at start; the rbd-fuse of Ceph 20.2 crashes \
+                         on its pool and namespace options (-p, -s), so with it the fuse mapper \
+                         serves only the pool named rbd without a namespace: use the krbd or \
+                         rbd-nbd mapper (mounter parameter) for pool {:?}{}",
+                        image.pool,
+                        if image.namespace.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" namespace {:?}", image.namespace)
+                        }
+                    );
+                }
                 return Err(MapError::Exec(exec::ExecError::Failed {
                     command: exec::describe(
                         "rbd-fuse",
@@ -496,8 +511,13 @@ pub fn instance_id(image: &ImageSpec) -> String {
     crate::volume::hex(&digest[..8])
 }
 
-/// The `rbd-fuse` arguments: foreground (our child), private conf, user, pool, namespace
-/// (`-s`, Ceph 16's rbd-fuse has it) when not the default one. No key.
+/// rbd-fuse's own default pool: not named on its command line.
+const FUSE_DEFAULT_POOL: &str = "rbd";
+
+/// The `rbd-fuse` arguments: foreground (our child), private conf, user, and the pool and
+/// namespace (`-s`, Ceph 16's rbd-fuse has it) only when not the default ones: Ceph 20.2's
+/// rbd-fuse crashes on its `-p` and `-s` options (SIGSEGV, SIGABRT), and serves its default pool
+/// `rbd` without them. No key.
 #[must_use]
 pub fn fuse_args(conf: &Path, image: &ImageSpec, mnt: &Path) -> Vec<String> {
     let mut args = vec![
@@ -506,9 +526,10 @@ pub fn fuse_args(conf: &Path, image: &ImageSpec, mnt: &Path) -> Vec<String> {
         conf.to_string_lossy().into_owned(),
         "--id".into(),
         image.user.clone(),
-        "-p".into(),
-        image.pool.clone(),
     ];
+    if image.pool != FUSE_DEFAULT_POOL {
+        args.extend(["-p".into(), image.pool.clone()]);
+    }
     if !image.namespace.is_empty() {
         args.extend(["-s".into(), image.namespace.clone()]);
     }
@@ -635,7 +656,20 @@ mod tests {
         );
         assert_eq!(args[0], "-f");
         assert!(args.windows(2).any(|w| w[0] == "--id" && w[1] == "kube"));
-        assert!(args.windows(2).any(|w| w[0] == "-p" && w[1] == "rbd"));
+        // rbd-fuse's default pool goes unnamed (Ceph 20.2's crashes on -p), any other is named
+        assert!(!args.contains(&"-p".to_owned()), "{args:?}");
+        let mut other = spec("kube");
+        other.pool = "kube-pool".into();
+        let args_other = fuse_args(
+            Path::new("/run/x/ceph.conf"),
+            &other,
+            Path::new("/run/x/mnt"),
+        );
+        assert!(
+            args_other
+                .windows(2)
+                .any(|w| w[0] == "-p" && w[1] == "kube-pool")
+        );
         let text = keyring_text("kube", &Key::new("AQBsecret=="));
         assert!(text.contains("[client.kube]") && text.contains("AQBsecret=="));
         assert!(!args.iter().any(|a| a.contains("AQB")));
