@@ -5,6 +5,7 @@
 #   rbd-provisioner-node:latest   the CSI node plugin (deploy/csi/node.yaml), root, privileged
 #
 #   scripts/image.sh [--suite sid|bookworm] [--save DIR] [--format docker-archive|oci-archive]
+#   scripts/image.sh [--suite sid|bookworm] --base-only    (makes the base; prints its image name)
 #   scripts/image.sh run [PODMAN-RUN-OPTIONS] IMAGE [ARGS...]
 #
 # Which Ceph client: the suite's. `sid` (the default) ships Debian sid's Ceph 20.2 client, the
@@ -56,18 +57,21 @@ if [ "${1:-}" = run ]; then
   exec podman "${RUNTIME_OPTS[@]}" run --rm --network=host "${LIMIT_OPTS[@]}" "$@"
 fi
 
-SUITE=sid SAVE="" FORMAT=docker-archive
+SUITE=sid SAVE="" FORMAT=docker-archive BASE_ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --suite) SUITE=${2:?--suite needs sid or bookworm}; shift 2 ;;
     --save) SAVE=${2:?--save needs a folder}; shift 2 ;;
     --format) FORMAT=${2:?--format needs docker-archive or oci-archive}; shift 2 ;;
-    *) die "unknown argument $1 (--suite sid|bookworm, --save DIR, --format docker-archive|oci-archive)" ;;
+    --base-only) BASE_ONLY=1; shift ;;
+    *) die "unknown argument $1 (--suite sid|bookworm, --save DIR, --format docker-archive|oci-archive, --base-only)" ;;
   esac
 done
 case "$FORMAT" in docker-archive|oci-archive) ;; *) die "--format: $FORMAT is neither docker-archive nor oci-archive" ;; esac
 
 # the binary
+case "$SUITE" in sid|bookworm) ;; *) die "--suite: $SUITE is neither sid nor bookworm" ;; esac
+[ -n "$BASE_ONLY" ] && BINARY=none
 case "$SUITE" in
   sid)
     if [ -z "${BINARY:-}" ]; then
@@ -82,9 +86,8 @@ case "$SUITE" in
       (cd "$WS" && cargo build --release --locked -p rbd-provisioner >&2)
       BINARY=$WS/target/release/rbd-provisioner
     fi ;;
-  *) die "--suite: $SUITE is neither sid nor bookworm" ;;
 esac
-[ -x "$BINARY" ] || die "no binary at $BINARY"
+[ -n "$BASE_ONLY" ] || [ -x "$BINARY" ] || die "no binary at $BINARY"
 
 # the base: debootstrap once, import once per base
 ROOT=$CACHE/image-base-$SUITE
@@ -133,6 +136,8 @@ if ! podman image exists "$BASE"; then
   tar -C "$ROOT" --exclude=./.complete --numeric-owner -c . | podman import --quiet - "$BASE" >/dev/null
 fi
 
+if [ -n "$BASE_ONLY" ]; then echo "$BASE"; exit 0; fi
+
 # the build: a context with only the binary
 CONTEXT=$(mktemp -d)
 trap 'rm -rf "$CONTEXT"' EXIT
@@ -141,11 +146,15 @@ for target in provisioner node; do
   name=rbd-provisioner
   [ "$target" = node ] && name=rbd-provisioner-node
   echo "image.sh: building $name:latest ($SUITE)" >&2
+  old=$(podman image inspect --format '{{.Id}}' "localhost/$name:latest" 2>/dev/null || true)
   podman "${RUNTIME_OPTS[@]}" build --quiet --pull=never --network=host "${LIMIT_OPTS[@]}" \
     --build-arg "BASE=$BASE" --target "$target" -f "$WS/Dockerfile" \
     -t "localhost/$name:latest" -t "docker.io/library/$name:latest" "$CONTEXT" >/dev/null
   version=$(podman "${RUNTIME_OPTS[@]}" run --rm --network=none "${LIMIT_OPTS[@]}" \
     --entrypoint /usr/bin/rbd-provisioner "localhost/$name:latest" --version)
+  # the image this build replaced, unless something still uses it
+  new=$(podman image inspect --format '{{.Id}}' "localhost/$name:latest")
+  if [ -n "$old" ] && [ "$old" != "$new" ]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
   size=$(podman image inspect --format '{{.Size}}' "localhost/$name:latest")
   echo "image.sh: $name:latest, $((size / 1000000)) MB: $version" >&2
   if [ -n "$SAVE" ]; then
