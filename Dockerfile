@@ -8,8 +8,8 @@
 #   podman build --build-arg BASE=... --target provisioner -t rbd-provisioner:latest CONTEXT
 #   podman build --build-arg BASE=... --target node -t rbd-provisioner-node:latest CONTEXT
 #
-# `docker build` takes the same arguments (e.g. BASE=debian:sid-slim where a registry is at hand).
-ARG BASE=debian:sid-slim
+# `docker build` takes the same arguments (e.g. BASE=debian:bookworm-slim where a registry is at hand).
+ARG BASE=debian:bookworm-slim
 
 # The controller (provisioner, CSI controller, attach controller, gc, migrate): librados/librbd
 # and the CA certificates (its API client loads the system's roots at start and fails without

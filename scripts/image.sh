@@ -8,16 +8,17 @@
 #   scripts/image.sh [--suite sid|bookworm] --base-only    (makes the base; prints its image name)
 #   scripts/image.sh run [PODMAN-RUN-OPTIONS] IMAGE [ARGS...]
 #
-# Which Ceph client: the suite's. `sid` (the default) ships Debian sid's Ceph 20.2 client, the
-# only Debian client that reads the `aes256k` cephx keys Ceph 20.2 and 19.2.6+ make by default
-# (README, "Container images"); `bookworm` ships Debian 12's 16.2 client.
+# Which Ceph client: the suite's. `bookworm` (the default) ships Debian 12's Ceph 16.2 client, the
+# one this Debian 12 host builds and tests against; `sid` ships Debian sid's 20.2 client, the only
+# Debian client that reads the `aes256k` cephx keys Ceph 20.2 and 19.2.6+ make by default
+# (README, "Container images", says what is and is not tested of each).
 #
 # The binary is not compiled inside the image build: no Rust toolchain can be fetched into a
 # container here. It is a release build made against the image's own suite, then copied in:
+#   bookworm  built by the host's cargo on this Debian 12 host: target/release/rbd-provisioner
 #   sid       built by `scripts/in-release-root.sh tentacle-dev` (a chroot of sid with its
 #             librados/librbd development files, the host's cargo bound in):
 #             target/ceph-tentacle-dev/release/rbd-provisioner
-#   bookworm  built by the host's cargo on this Debian 12 host: target/release/rbd-provisioner
 # so the binary finds the same glibc and Ceph libraries (sonames and symbol versions) in the image
 # as where it was linked. BINARY=PATH uses a binary built elsewhere against that suite.
 #
@@ -57,7 +58,7 @@ if [ "${1:-}" = run ]; then
   exec podman "${RUNTIME_OPTS[@]}" run --rm --network=host "${LIMIT_OPTS[@]}" "$@"
 fi
 
-SUITE=sid SAVE="" FORMAT=docker-archive BASE_ONLY=""
+SUITE=bookworm SAVE="" FORMAT=docker-archive BASE_ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --suite) SUITE=${2:?--suite needs sid or bookworm}; shift 2 ;;
