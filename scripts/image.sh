@@ -51,7 +51,9 @@ if command -v runc >/dev/null && grep -q '^cgroup /sys/fs/cgroup/' /proc/mounts 
    grep -q '^cgroup2 /sys/fs/cgroup/unified ' /proc/mounts; then
   RUNTIME_OPTS+=(--runtime runc)
 fi
-LIMIT_OPTS=(--ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit "nproc=4096:4096")
+nofile=$(ulimit -Hn)
+[ "$nofile" = unlimited ] && nofile=1048576
+LIMIT_OPTS=(--ulimit "nofile=$nofile:$nofile" --ulimit "nproc=4096:4096")
 
 if [ "${1:-}" = run ]; then
   shift
