@@ -1,42 +1,37 @@
-# Multi-stage build of rbd-provisioner.
-#   docker build --target provisioner -t rbd-provisioner:latest .       (controller: small, no ceph-common)
-#   docker build --target node -t rbd-provisioner-node:latest .         (CSI node plugin: + mapping tools)
+# The two images, built by scripts/image.sh (podman); the script prepares everything this file needs:
 #
-# Built on and shipping Debian sid's Ceph client (20.2 Tentacle), the only Debian suite with a client
-# that reads the aes256k cephx keys Ceph 20.2 and 19.2.6+ make by default (trixie has 18.2, bookworm
-# 16.2). `--build-arg DEBIAN_SUITE=bookworm` builds the Pacific-linked image instead (its users need
-# aes keys on Tentacle: README, "Supported Ceph releases").
-ARG DEBIAN_SUITE=sid
+#   BASE     a Debian root of the suite the binary was built on (scripts/image.sh makes it with
+#            debootstrap and imports it: no registry is needed)
+#   context  a folder holding only the release binary `rbd-provisioner`, built against that
+#            suite's librados/librbd (scripts/image.sh says which build and why)
+#
+#   podman build --build-arg BASE=... --target provisioner -t rbd-provisioner:latest CONTEXT
+#   podman build --build-arg BASE=... --target node -t rbd-provisioner-node:latest CONTEXT
+#
+# `docker build` takes the same arguments (e.g. BASE=debian:bookworm-slim where a registry is at hand).
+ARG BASE=debian:bookworm-slim
 
-FROM debian:${DEBIAN_SUITE}-slim AS build
-ARG RUST_VERSION=1.95.0
-RUN apt-get update \
- && apt-get install -y --no-install-recommends librbd-dev librados-dev libclang-dev pkg-config gcc \
-      libc6-dev curl ca-certificates \
- && rm -rf /var/lib/apt/lists/*
-RUN curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
-  | sh -s -- -y --profile minimal --default-toolchain "$RUST_VERSION"
-ENV PATH=/root/.cargo/bin:$PATH
-WORKDIR /src
-COPY . .
-RUN cargo build --release --locked -p rbd-provisioner \
- && cp target/release/rbd-provisioner /rbd-provisioner
-
-# The controller: librbd/librados runtime libraries only; no rbd CLI, no keyring, non-root.
-FROM debian:${DEBIAN_SUITE}-slim AS provisioner
+# The controller (provisioner, CSI controller, attach controller, gc, migrate): librados/librbd
+# and the CA certificates (its API client loads the system's roots at start and fails without
+# any); no rbd CLI, no keyring, non-root.
+FROM ${BASE} AS provisioner
+ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends librbd1 librados2 ca-certificates \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=build /rbd-provisioner /usr/bin/rbd-provisioner
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
+COPY rbd-provisioner /usr/bin/rbd-provisioner
 USER 65532:65532
 ENTRYPOINT ["/usr/bin/rbd-provisioner"]
 
-# The CSI node plugin needs the mappers (rbd map, rbd-nbd, rbd-fuse) and filesystem tools, and
-# runs privileged as root (it maps devices and mounts).
-FROM provisioner AS node
-USER 0:0
+# The CSI node plugin: the mappers (`rbd map` from ceph-common for krbd, rbd-nbd, rbd-fuse with
+# fuse3 and losetup), LUKS2 (cryptsetup), the CA certificates (it reads its Node through the API
+# for --topology-labels), the filesystems' mkfs/fsck/grow tools and mount; it runs
+# privileged as root (it maps devices and mounts). Its own stage so the controller stays small.
+FROM ${BASE} AS node
+ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ceph-common rbd-nbd rbd-fuse fuse3 \
-      xfsprogs e2fsprogs util-linux mount kmod \
- && rm -rf /var/lib/apt/lists/*
+ && apt-get install -y --no-install-recommends librbd1 librados2 ca-certificates ceph-common \
+      rbd-nbd rbd-fuse fuse3 cryptsetup-bin xfsprogs e2fsprogs util-linux mount kmod \
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
+COPY rbd-provisioner /usr/bin/rbd-provisioner
 ENTRYPOINT ["/usr/bin/rbd-provisioner", "csi"]

@@ -21,6 +21,9 @@ PKGS=(
   # busybox for its initramfs, udev for its virtio-serial ports, kmod), a venv for virtme-ng,
   # and the node's mappers and tools the guest runs from this root filesystem
   qemu-system-x86 busybox-static udev kmod python3-venv rbd-nbd cryptsetup-bin
+  # the container images (scripts/image.sh): podman, and runc for hosts where crun cannot start
+  # containers (cgroup v1 + v2 hybrid)
+  podman runc
 )
 # kubectl comes from the Kubernetes apt repo on most machines; use Debian's when it has one.
 OPTIONAL=(kubernetes-client)

@@ -54,7 +54,7 @@ counts() {
 status=0
 echo "== cargo test"
 # everything but the VM suite, which runs below beside the release matrix (one core of TCG)
-cargo test --workspace --no-fail-fast -- --skip vm_suite 2>&1 | tee "$TMPDIR/test.log" || status=1
+cargo test --workspace --no-fail-fast -- --skip vm_suite --skip container_ 2>&1 | tee "$TMPDIR/test.log" || status=1
 read -r passed failed < <(counts "$TMPDIR/test.log")
 summary=("tests (Ceph $(ceph --version | awk '{print $3}'), the host's): $passed passed, $failed failed")
 
@@ -65,8 +65,8 @@ vm_pid=$!
 
 # The Ceph-facing suites again against newer releases' clusters (Debian trixie's and sid's Ceph,
 # run from a chroot by micro-ceph.sh). Reef: with this (Pacific-linked) build. Tentacle: with its
-# default cephx settings (aes256k keys) and the build the image ships, linked with Tentacle's own
-# client (built and run in the tentacle-dev root by in-release-root.sh); then this build against
+# default cephx settings (aes256k keys) and the build `scripts/image.sh --suite sid` ships, linked
+# with Tentacle's own client (built and run in the tentacle-dev root by in-release-root.sh); then this build against
 # Tentacle twice: with its default keys (the refusal naming the key type) and with aes keys (the
 # setup older clients need).
 # two runs each: cargo applies --test to every package named
@@ -133,6 +133,21 @@ if [ -n "${roots[1]}" ]; then
   done
   read -r passed failed < <(counts "$TMPDIR/test-tentacle-aes.log")
   summary+=("tentacle with aes keys, this build: $passed passed, $failed failed")
+fi
+
+# The container images (scripts/image.sh: the host's release build on a cached debootstrap of
+# bookworm), then their start test (crates/rbd-provisioner/tests/images.rs) against the host's
+# cluster.
+echo "== the container images"
+if ./scripts/image.sh 2>&1 | tee "$TMPDIR/image.log"; then
+  RBD_IMAGES_REQUIRED=1 cargo test -p rbd-provisioner --test images --no-fail-fast 2>&1 \
+    | tee "$TMPDIR/test-images.log" || status=1
+  read -r passed failed < <(counts "$TMPDIR/test-images.log")
+  sizes=$(sed -n 's/^image.sh: \(rbd-provisioner[a-z-]*\):latest, \([0-9]* MB\).*/\1 \2/p' "$TMPDIR/image.log" | paste -sd, -)
+  summary+=("container images ($sizes): $passed passed, $failed failed")
+else
+  summary+=("container images: the build failed (above)")
+  status=1
 fi
 
 echo "== the VM suite (kernel rbd and nbd; it ran beside the release suites)"
