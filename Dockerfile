@@ -16,7 +16,8 @@ ARG BASE=debian:bookworm-slim
 # any); no rbd CLI, no keyring, non-root.
 FROM ${BASE} AS provisioner
 ARG DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
+ARG APT_OPTS=""
+RUN apt-get $APT_OPTS update \
  && apt-get install -y --no-install-recommends librbd1 librados2 ca-certificates \
  && apt-get clean && rm -rf /var/lib/apt/lists/*
 COPY rbd-provisioner /usr/bin/rbd-provisioner
@@ -29,7 +30,8 @@ ENTRYPOINT ["/usr/bin/rbd-provisioner"]
 # privileged as root (it maps devices and mounts). Its own stage so the controller stays small.
 FROM ${BASE} AS node
 ARG DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
+ARG APT_OPTS=""
+RUN apt-get $APT_OPTS update \
  && apt-get install -y --no-install-recommends librbd1 librados2 ca-certificates ceph-common \
       rbd-nbd rbd-fuse fuse3 cryptsetup-bin xfsprogs e2fsprogs util-linux mount kmod \
  && apt-get clean && rm -rf /var/lib/apt/lists/*

@@ -8,10 +8,11 @@
 #   scripts/image.sh [--suite sid|bookworm] --base-only    (makes the base; prints its image name)
 #   scripts/image.sh run [PODMAN-RUN-OPTIONS] IMAGE [ARGS...]
 #
-# Which Ceph client: the suite's. `bookworm` (the default) ships Debian 12's Ceph 16.2 client, the
-# one this Debian 12 host builds and tests against; `sid` ships Debian sid's 20.2 client, the only
-# Debian client that reads the `aes256k` cephx keys Ceph 20.2 and 19.2.6+ make by default
-# (README, "Container images", says what is and is not tested of each).
+# Which Ceph client: the suite's. `sid` (the default) ships Debian sid's 20.2 client, the only
+# Debian client that reads the `aes256k` cephx keys Ceph 20.2 and 19.2.6+ make by default, so the
+# images talk to every supported release with its defaults; `bookworm` ships Debian 12's Ceph
+# 16.2 client, the one this Debian 12 host builds and tests against (README, "Container images",
+# says what is and is not tested of each).
 #
 # The binary is not compiled inside the image build: no Rust toolchain can be fetched into a
 # container here. It is a release build made against the image's own suite, then copied in:
@@ -20,7 +21,8 @@
 #             librados/librbd development files, the host's cargo bound in):
 #             target/ceph-tentacle-dev/release/rbd-provisioner
 # so the binary finds the same glibc and Ceph libraries (sonames and symbol versions) in the image
-# as where it was linked. BINARY=PATH uses a binary built elsewhere against that suite.
+# as where it was linked. BINARY=PATH uses a binary built elsewhere against that suite (the tests
+# give the debug build their run already made; its debug information is stripped here).
 #
 # The base is Debian's own packages: `debootstrap --variant=minbase SUITE` (without documentation,
 # manual pages and locales, as Debian's slim images), kept under IMAGE_CACHE (default
@@ -60,7 +62,7 @@ if [ "${1:-}" = run ]; then
   exec podman "${RUNTIME_OPTS[@]}" run --rm --network=host "${LIMIT_OPTS[@]}" "$@"
 fi
 
-SUITE=bookworm SAVE="" FORMAT=docker-archive BASE_ONLY=""
+SUITE=sid SAVE="" FORMAT=docker-archive BASE_ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --suite) SUITE=${2:?--suite needs sid or bookworm}; shift 2 ;;
@@ -74,6 +76,10 @@ case "$FORMAT" in docker-archive|oci-archive) ;; *) die "--format: $FORMAT is ne
 
 # the binary
 case "$SUITE" in sid|bookworm) ;; *) die "--suite: $SUITE is neither sid nor bookworm" ;; esac
+# Debian unstable's Release file can outlive its Valid-Until on a mirror that lags (seen here: apt
+# refuses it); its signature is still checked. Only the build's apt runs with this.
+APT_OPTS=""
+[ "$SUITE" = sid ] && APT_OPTS="-o Acquire::Check-Valid-Until=false"
 [ -n "$BASE_ONLY" ] && BINARY=none
 case "$SUITE" in
   sid)
@@ -122,7 +128,7 @@ EOF
   printf 'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n' \
     >"$PARTIAL/etc/apt/apt.conf.d/no-recommends"
   chroot "$PARTIAL" env DEBIAN_FRONTEND=noninteractive sh -c \
-    'apt-get update -qq && apt-get -y -qq upgrade' >>"$LOG" 2>&1 || { tail -20 "$LOG" >&2; exit 1; }
+    "apt-get $APT_OPTS update -qq && apt-get -y -qq upgrade" >>"$LOG" 2>&1 || { tail -20 "$LOG" >&2; exit 1; }
   chroot "$PARTIAL" apt-get clean
   find "$PARTIAL/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
   find "$PARTIAL/usr/share/doc" -mindepth 1 -type d -empty -delete
@@ -145,13 +151,15 @@ if [ -n "$BASE_ONLY" ]; then echo "$BASE"; exit 0; fi
 CONTEXT=$(mktemp -d)
 trap 'rm -rf "$CONTEXT"' EXIT
 cp "$BINARY" "$CONTEXT/rbd-provisioner"
+# no debug information in an image (a debug build given as BINARY is mostly that)
+strip --strip-debug "$CONTEXT/rbd-provisioner"
 for target in provisioner node; do
   name=rbd-provisioner
   [ "$target" = node ] && name=rbd-provisioner-node
   echo "image.sh: building $name:latest ($SUITE)" >&2
   old=$(podman image inspect --format '{{.Id}}' "localhost/$name:latest" 2>/dev/null || true)
   podman "${RUNTIME_OPTS[@]}" build --quiet --pull=never --network=host "${LIMIT_OPTS[@]}" \
-    --build-arg "BASE=$BASE" --target "$target" -f "$WS/Dockerfile" \
+    --build-arg "BASE=$BASE" --build-arg "APT_OPTS=$APT_OPTS" --target "$target" -f "$WS/Dockerfile" \
     -t "localhost/$name:latest" -t "docker.io/library/$name:latest" "$CONTEXT" >/dev/null
   version=$(podman "${RUNTIME_OPTS[@]}" run --rm --network=none "${LIMIT_OPTS[@]}" \
     --entrypoint /usr/bin/rbd-provisioner "localhost/$name:latest" --version)

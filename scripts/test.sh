@@ -65,10 +65,10 @@ vm_pid=$!
 
 # The Ceph-facing suites again against newer releases' clusters (Debian trixie's and sid's Ceph,
 # run from a chroot by micro-ceph.sh). Reef: with this (Pacific-linked) build. Tentacle: with its
-# default cephx settings (aes256k keys) and the build `scripts/image.sh --suite sid` ships, linked
-# with Tentacle's own client (built and run in the tentacle-dev root by in-release-root.sh); then this build against
-# Tentacle twice: with its default keys (the refusal naming the key type) and with aes keys (the
-# setup older clients need).
+# default cephx settings (aes256k keys) and the build the container images ship, linked with
+# Tentacle's own client (built and run in the tentacle-dev root by in-release-root.sh); then this
+# build against Tentacle twice: with its default keys (the refusal naming the key type) and with
+# aes keys (the setup older clients need).
 # two runs each: cargo applies --test to every package named
 suites=("-p ceph-rbd -p rbd-volume -p rbd-csi" "-p rbd-provisioner --test e2e --test snapshots --test csi_sanity")
 roots=()
@@ -135,18 +135,19 @@ if [ -n "${roots[1]}" ]; then
   summary+=("tentacle with aes keys, this build: $passed passed, $failed failed")
 fi
 
-# The container images (scripts/image.sh: the host's release build on a cached debootstrap of
-# bookworm), then their start test (crates/rbd-provisioner/tests/images.rs) against the host's
-# cluster.
+# The container images (scripts/image.sh: sid's Ceph client on a cached debootstrap of sid, with
+# the binary the Tentacle run above built in the tentacle-dev root), then their start test
+# (crates/rbd-provisioner/tests/images.rs) against the host's cluster.
 echo "== the container images"
-if ./scripts/image.sh 2>&1 | tee "$TMPDIR/image.log"; then
+binary=$ROOT/target/ceph-tentacle-dev/debug/rbd-provisioner
+if [ -x "$binary" ] && BINARY=$binary ./scripts/image.sh --suite sid 2>&1 | tee "$TMPDIR/image.log"; then
   RBD_IMAGES_REQUIRED=1 cargo test -p rbd-provisioner --test images --no-fail-fast 2>&1 \
     | tee "$TMPDIR/test-images.log" || status=1
   read -r passed failed < <(counts "$TMPDIR/test-images.log")
   sizes=$(sed -n 's/^image.sh: \(rbd-provisioner[a-z-]*\):latest, \([0-9]* MB\).*/\1 \2/p' "$TMPDIR/image.log" | paste -sd, -)
   summary+=("container images ($sizes): $passed passed, $failed failed")
 else
-  summary+=("container images: the build failed (above)")
+  summary+=("container images: not built (no Tentacle-linked binary at $binary, or the build failed above)")
   status=1
 fi
 
