@@ -11,8 +11,13 @@
 //!   image, `csi-snap-` + 32 hex digits of the SHA-256 of the request name), the temporary
 //!   snapshot removed (clone v2 keeps it in the source's snapshot trash while the clone needs
 //!   it), the owner record written, then the snapshot `N@N` that restores clone. The source
-//!   keeps no user snapshot.
-//! - [`clone_volume`]: a restore is a v2 clone of `N@N`, grown when larger; a volume clone goes
+//!   keeps no user snapshot. A new snapshot takes all of it in one Ceph call that opens the
+//!   source and the snapshot image once each ([`ceph_rbd::Cluster::clone_recorded`]); a retry
+//!   of a cut-short one finds and completes it step by step. The temporary snapshot cannot be
+//!   removed for good while the snapshot image depends on it (clone v2 keeps it in the
+//!   source's snapshot trash until the snapshot is deleted or flattened).
+//! - [`clone_volume`]: a restore is a v2 clone of `N@N`, grown when larger (a new one in one Ceph
+//!   call after one read of the snapshot image); a volume clone goes
 //!   through a per-volume intermediate `csi-clone-<hash of the new image>` made exactly like a
 //!   snapshot image (one implementation), so a volume's only children are our internal images.
 //! - [`delete_snapshot`]: removes `N@N` and `N`; when restores still need `N`, `N` is flattened
