@@ -7,19 +7,35 @@ use anyhow::Context;
 
 pub const BEGIN: &str = "<!-- rbd-bench: generated section begins; `rbd-bench --markdown BENCHMARKS.md` rewrites it -->";
 pub const END: &str = "<!-- rbd-bench: generated section ends -->";
+/// The markers of the snapshot scenario's section (`rbd-bench --snapshots N --markdown FILE`).
+pub const SNAPSHOTS_BEGIN: &str = "<!-- rbd-bench --snapshots: generated section begins; `rbd-bench --snapshots N --markdown BENCHMARKS.md` rewrites it -->";
+pub const SNAPSHOTS_END: &str = "<!-- rbd-bench --snapshots: generated section ends -->";
 
 /// `doc` with the text between the markers replaced by `section` (the markers kept); `doc` with
 /// the marked section appended when it has no markers.
 ///
 /// # Errors
 /// Only one of the markers, or the end before the begin.
+#[cfg(test)]
 pub fn splice(doc: &str, section: &str) -> anyhow::Result<String> {
-    let block = format!("{BEGIN}\n\n{}\n\n{END}", section.trim_end());
-    match (doc.find(BEGIN), doc.find(END)) {
+    splice_between(doc, (BEGIN, END), section)
+}
+
+/// [`splice`] with the given pair of markers.
+///
+/// # Errors
+/// As [`splice`].
+pub fn splice_between(
+    doc: &str,
+    (begin_marker, end_marker): (&str, &str),
+    section: &str,
+) -> anyhow::Result<String> {
+    let block = format!("{begin_marker}\n\n{}\n\n{end_marker}", section.trim_end());
+    match (doc.find(begin_marker), doc.find(end_marker)) {
         (Some(begin), Some(end)) if begin < end => Ok(format!(
             "{}{block}{}",
             &doc[..begin],
-            &doc[end + END.len()..]
+            &doc[end + end_marker.len()..]
         )),
         (None, None) => {
             let sep = if doc.is_empty() || doc.ends_with("\n\n") {
@@ -39,12 +55,17 @@ pub fn splice(doc: &str, section: &str) -> anyhow::Result<String> {
 
 /// Writes `section` into `path` (created if missing) between the markers.
 pub fn write(path: &Path, section: &str) -> anyhow::Result<()> {
+    write_between(path, (BEGIN, END), section)
+}
+
+/// [`write`] with the given pair of markers.
+pub fn write_between(path: &Path, markers: (&str, &str), section: &str) -> anyhow::Result<()> {
     let doc = match std::fs::read_to_string(path) {
         Ok(doc) => doc,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let new = splice(&doc, section).with_context(|| path.display().to_string())?;
+    let new = splice_between(&doc, markers, section).with_context(|| path.display().to_string())?;
     std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))
 }
 
@@ -70,6 +91,17 @@ mod tests {
             format!("# Title\n\n{BEGIN}\n\nfigures\n\n{END}\n")
         );
         assert_eq!(splice("", "x").unwrap(), format!("{BEGIN}\n\nx\n\n{END}\n"));
+    }
+
+    #[test]
+    fn two_marked_sections_are_rewritten_independently() {
+        let doc = format!("{BEGIN}\n\na\n\n{END}\n\n{SNAPSHOTS_BEGIN}\n\nb\n\n{SNAPSHOTS_END}\n");
+        let new = splice_between(&doc, (SNAPSHOTS_BEGIN, SNAPSHOTS_END), "c").unwrap();
+        assert_eq!(
+            new,
+            format!("{BEGIN}\n\na\n\n{END}\n\n{SNAPSHOTS_BEGIN}\n\nc\n\n{SNAPSHOTS_END}\n")
+        );
+        assert_eq!(splice(&new, "a").unwrap(), new);
     }
 
     #[test]

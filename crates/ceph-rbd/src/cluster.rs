@@ -319,7 +319,7 @@ impl Cluster {
     }
 
     /// Runs `f` on the blocking pool with a span and the op timeout.
-    async fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         op: &'static str,
         target: String,

@@ -27,6 +27,7 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod clone;
 mod cluster;
 mod config;
 mod create;
@@ -42,6 +43,7 @@ mod probe;
 mod raw;
 mod remove;
 
+pub use clone::{CloneJob, CloneRecord, Cloned, ImageFacts};
 pub use cluster::{
     Cluster, ClusterStats, CreateOptions, GroupSnapInfo, ImageGroupSnap, ImageInfo,
     MAX_CALLS_PER_CONNECTION, ParentSpec, PoolStats, SnapInfo, TrashEntry, Watcher,

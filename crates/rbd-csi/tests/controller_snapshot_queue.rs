@@ -1,7 +1,9 @@
 //! Concurrent snapshot requests on one source volume queue for the image instead of being
-//! refused: 16 CreateSnapshot calls at once all succeed at their first attempt (no ABORTED), 16
-//! DeleteSnapshot calls at once too, and once the source is deleted the pool holds exactly what it
-//! held before (images and trash). Own test binary: its micro-ceph serves nothing else.
+//! refused: 16 CreateSnapshot calls at once all succeed at their first attempt (no ABORTED) and
+//! leave no user snapshot on the source (each temporary snapshot is removed once its snapshot
+//! image holds it), 16 DeleteSnapshot calls at once succeed too, and once the source is deleted
+//! the pool holds exactly what it held before (images and trash). Own test binary: its micro-ceph
+//! serves nothing else.
 
 mod common;
 
@@ -61,6 +63,16 @@ async fn sixteen_concurrent_snapshots_of_one_source_all_succeed_and_leave_nothin
     }
     let distinct: BTreeSet<_> = snapshot_ids.iter().collect();
     assert_eq!(distinct.len(), N);
+    let cluster = micro_ceph::cluster();
+    let source_image = source.volume_id.rsplit('/').next().unwrap();
+    let user_snapshots = cluster
+        .rbd(&["snap", "ls", &format!("{}/{source_image}", cluster.pool)])
+        .unwrap();
+    assert_eq!(
+        user_snapshots.trim(),
+        "",
+        "temporary snapshots left on the source"
+    );
 
     let deletes = snapshot_ids.iter().map(|id| {
         let mut ctl = ctl.clone();

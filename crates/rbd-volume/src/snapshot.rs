@@ -11,8 +11,13 @@
 //!   image, `csi-snap-` + 32 hex digits of the SHA-256 of the request name), the temporary
 //!   snapshot removed (clone v2 keeps it in the source's snapshot trash while the clone needs
 //!   it), the owner record written, then the snapshot `N@N` that restores clone. The source
-//!   keeps no user snapshot.
-//! - [`clone_volume`]: a restore is a v2 clone of `N@N`, grown when larger; a volume clone goes
+//!   keeps no user snapshot. A new snapshot takes all of it in one Ceph call that opens the
+//!   source and the snapshot image once each ([`ceph_rbd::Cluster::clone_recorded`]); a retry
+//!   of a cut-short one finds and completes it step by step. The temporary snapshot cannot be
+//!   removed for good while the snapshot image depends on it (clone v2 keeps it in the
+//!   source's snapshot trash until the snapshot is deleted or flattened).
+//! - [`clone_volume`]: a restore is a v2 clone of `N@N`, grown when larger (a new one in one Ceph
+//!   call after one read of the snapshot image); a volume clone goes
 //!   through a per-volume intermediate `csi-clone-<hash of the new image>` made exactly like a
 //!   snapshot image (one implementation), so a volume's only children are our internal images.
 //! - [`delete_snapshot`]: removes `N@N` and `N`; when restores still need `N`, `N` is flattened
@@ -48,7 +53,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use ceph_rbd::{Cluster, CreateOptions, Features};
+use ceph_rbd::{CloneJob, CloneRecord, Cluster, CreateOptions, Features, ImageFacts};
 use sha2::{Digest, Sha256};
 
 use crate::id::ClusterRef;
@@ -333,6 +338,9 @@ pub async fn create_snapshot(
     cluster: &Cluster,
     new: &NewSnapshot<'_>,
 ) -> Result<Snapshot, SnapshotError> {
+    if let Some(snapshot) = create_fresh_snapshot(cluster, new).await? {
+        return Ok(snapshot);
+    }
     let (pool, image) = (new.pool, new.image);
     let recorded = match own_metadata(cluster, pool, image).await {
         Ok(meta) => {
@@ -383,6 +391,108 @@ pub async fn create_snapshot(
     find_snapshot(cluster, pool, image)
         .await?
         .ok_or_else(|| SnapshotError::NotFound(format!("snapshot {pool}/{image}@{image}")))
+}
+
+/// Whether `pool/image` does not exist, read without opening it (no librbd image context). An
+/// image that cannot be read so (e.g. one cut short before its header) counts as existing:
+/// the step-by-step path completes or replaces it.
+async fn is_absent(cluster: &Cluster, pool: &str, image: &str) -> bool {
+    cluster
+        .metadata_list_unopened(pool, image)
+        .await
+        .is_err_and(|e| e.is_not_found())
+}
+
+/// Parents above an image, from its facts: 0 without a parent, else its recorded depth (1
+/// when none is recorded: a clone made elsewhere). As [`depth`], without another open.
+fn depth_of(facts: &ImageFacts) -> u32 {
+    if facts.parent.is_none() {
+        return 0;
+    }
+    facts
+        .metadata
+        .get(META_DEPTH)
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(1)
+}
+
+fn owned(entries: &[(&str, &str)]) -> Vec<(String, String)> {
+    entries
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect()
+}
+
+/// The common case in one Ceph call, each image opened once ([`Cluster::clone_recorded`]):
+/// no snapshot image of that name yet. The steps and their order are those of the
+/// step-by-step path below (record before the snapshot `N@N`, the name key last), so a crash
+/// midway leaves what it completes. `None` when the image exists (a retry, a crash, a request
+/// of the same name in flight): the step-by-step path then finds and completes it.
+async fn create_fresh_snapshot(
+    cluster: &Cluster,
+    new: &NewSnapshot<'_>,
+) -> Result<Option<Snapshot>, SnapshotError> {
+    let (pool, image, source) = (new.pool, new.image, new.source_image);
+    if !is_absent(cluster, pool, image).await {
+        return Ok(None);
+    }
+    let mut entries = owned(&NOT_A_VOLUME);
+    entries.extend(owned(&new.owner.entries()));
+    let job = CloneJob {
+        parent_pool: pool.to_owned(),
+        parent: source.to_owned(),
+        snap: temp_snap_name(image),
+        temporary: true,
+        pool: pool.to_owned(),
+        image: image.to_owned(),
+        options: CreateOptions {
+            features: Some(internal_features()),
+            ..CreateOptions::default()
+        },
+        snapshot: Some(image.to_owned()),
+    };
+    let cloned = match cluster
+        .clone_recorded(job, move |source| {
+            let depth = source.map_or(1, depth_of) + 1;
+            // deeper than allowed: no depth recorded, `bound_depth` flattens it below
+            if depth <= MAX_CHAIN_DEPTH {
+                entries.push((META_DEPTH.to_owned(), depth.to_string()));
+            }
+            CloneRecord {
+                metadata: entries,
+                size: None,
+            }
+        })
+        .await
+    {
+        Ok(cloned) => cloned,
+        Err(e) if e.is_already_exists() => return Ok(None),
+        Err(e) if e.is_not_found() && !is_absent(cluster, pool, image).await => return Ok(None),
+        Err(e) if e.is_not_found() => {
+            return Err(SnapshotError::NotFound(format!(
+                "source volume {pool}/{source}"
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let deep = cloned
+        .parent
+        .as_ref()
+        .is_some_and(|p| depth_of(p) + 1 > MAX_CHAIN_DEPTH);
+    if deep {
+        bound_depth(cluster, pool, image, None).await?;
+    }
+    tracing::info!(pool, image, source, "snapshot taken");
+    match cloned.snapshot {
+        Some(snap) if !deep => Ok(Some(Snapshot {
+            pool: pool.to_owned(),
+            image: image.to_owned(),
+            owner: new.owner.clone(),
+            size: snap.size,
+            created: snap.created,
+        })),
+        _ => Ok(find_snapshot(cluster, pool, image).await?),
+    }
 }
 
 /// Temporary snapshot of the source, v2 clone of it as `new.image`.
@@ -803,6 +913,9 @@ impl<'a> NewClone<'a> {
 /// [`SnapshotError::NotFound`] for a missing source, [`SnapshotError::TooSmall`],
 /// [`SnapshotError::OtherContent`], [`Error::Foreign`] for another volume's image, Ceph errors.
 pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensured, SnapshotError> {
+    if let Some(ensured) = restore_fresh(cluster, new).await? {
+        return Ok(ensured);
+    }
     let (pool, image) = (new.pool, new.image);
     let (recorded, outcome) = match own_metadata(cluster, pool, image).await {
         Ok(meta) => {
@@ -864,6 +977,101 @@ pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensur
     let size = fit_clone(cluster, new).await?;
     bound_depth(cluster, pool, image, recorded.get(META_DEPTH)).await?;
     Ok(Ensured { outcome, size })
+}
+
+/// A restore from a snapshot in one Ceph call when no image of that name exists yet: the
+/// snapshot image read with one open, then [`Cluster::clone_recorded`] (the record, then the
+/// size, as the step-by-step path writes them). `None` for a volume clone, or when the image
+/// exists (a retry, a crash): the step-by-step path finds and completes it.
+async fn restore_fresh(
+    cluster: &Cluster,
+    new: &NewClone<'_>,
+) -> Result<Option<Ensured>, SnapshotError> {
+    let Source::Snapshot {
+        pool: snapshot_pool,
+        image: snapshot_image,
+    } = new.source
+    else {
+        return Ok(None);
+    };
+    let (pool, image) = (new.pool, new.image);
+    if !is_absent(cluster, pool, image).await {
+        return Ok(None);
+    }
+    let missing = || SnapshotError::NotFound(format!("snapshot {snapshot_pool}/{snapshot_image}"));
+    let facts = match cluster.image_facts(snapshot_pool, snapshot_image).await {
+        Ok(facts) => facts,
+        Err(e) if e.is_not_found() => return Err(missing()),
+        Err(e) => return Err(e.into()),
+    };
+    let snap = facts
+        .snaps
+        .iter()
+        .find(|s| s.name == snapshot_image)
+        .filter(|_| SnapshotOwner::from_metadata(&facts.metadata).is_some())
+        .ok_or_else(missing)?;
+    let size = target_size(new, snap.size)?;
+    let depth = depth_of(&facts) + 1;
+    let mut entries = vec![
+        (META_CONTENT_SOURCE, new.source_id),
+        (META_CLONE_INTERMEDIATE, ""),
+    ];
+    if new.owner.claim.is_empty() {
+        entries.push((crate::owner::META_CLAIM, ""));
+    }
+    entries.extend(new.owner.entries());
+    let mut entries = owned(&entries);
+    if depth <= MAX_CHAIN_DEPTH {
+        entries.push((META_DEPTH.to_owned(), depth.to_string()));
+    }
+    let job = CloneJob {
+        parent_pool: snapshot_pool.to_owned(),
+        parent: snapshot_image.to_owned(),
+        snap: snapshot_image.to_owned(),
+        temporary: false,
+        pool: pool.to_owned(),
+        image: image.to_owned(),
+        options: new.options.clone(),
+        snapshot: None,
+    };
+    let cloned = match cluster
+        .clone_recorded(job, move |_| CloneRecord {
+            metadata: entries,
+            size: Some(size),
+        })
+        .await
+    {
+        Ok(cloned) => cloned,
+        Err(e) if e.is_already_exists() => return Ok(None),
+        Err(e) if e.is_not_found() && !is_absent(cluster, pool, image).await => return Ok(None),
+        Err(e) if e.is_not_found() => return Err(missing()),
+        Err(e) => return Err(e.into()),
+    };
+    tracing::info!(
+        pool,
+        image,
+        parent = %format!("{snapshot_pool}/{snapshot_image}@{snapshot_image}"),
+        "clone created"
+    );
+    if let Fit::Within { required, limit } = new.fit
+        && !crate::size::fits(cloned.size, required, limit)
+    {
+        return Err(Error::SizeMismatch {
+            pool: pool.to_owned(),
+            image: image.to_owned(),
+            size: cloned.size,
+            required,
+            limit,
+        }
+        .into());
+    }
+    if depth > MAX_CHAIN_DEPTH {
+        bound_depth(cluster, pool, image, None).await?;
+    }
+    Ok(Some(Ensured {
+        outcome: Outcome::Created,
+        size: cloned.size,
+    }))
 }
 
 /// The size the restore must have, given its source's: [`SnapshotError::TooSmall`] when the

@@ -1,0 +1,670 @@
+//! `--snapshots N`: the cost of snapshots through the CSI controller.
+//!
+//! One driver process (`rbd-provisioner csi --services controller`, and ceph-csi's `cephcsi`
+//! when `--ceph-csi PATH` is given) on a private micro-ceph. Per driver, over its socket: one
+//! source volume; N CreateSnapshot of it, one at a time; N restores (CreateVolume from each
+//! snapshot); the N restores deleted, then the N snapshots; then N CreateSnapshot of one source
+//! again, 8 at a time, as a Kubernetes client would send them (an ABORTED answer is retried
+//! after 100 ms and counted), and their deletion. Per operation it records the CPU time the
+//! driver process used (utime + stime of it and its waited-for children, `/proc/PID/stat`) and
+//! the Ceph daemons used (the micro-ceph's mon, OSD and mgr, from their pid files): CPU time,
+//! not wall time, because the machine it runs on is shared.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use hyper_util::rt::TokioIo;
+use rbd_csi::proto::csi;
+use rbd_csi::proto::csi::controller_client::ControllerClient;
+use serde_json::json;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::procs::Proc;
+
+/// Snapshots of one source sent at once in the concurrent phase.
+pub const CONCURRENCY: usize = 8;
+/// How many operations make the "first" and "last" groups.
+const GROUP: usize = 10;
+
+/// Targets, driver CPU per operation (ms), at N = 100 of one source.
+const TARGET_SNAPSHOT_MS: f64 = 30.0;
+const TARGET_RESTORE_MS: f64 = 30.0;
+/// Flat: the last 10 within this fraction of the first 10.
+const FLAT_WITHIN: f64 = 0.20;
+/// Ceph CPU per CreateSnapshot before this work (the upper end of 87-94 ms measured side by side
+/// with ceph-csi at 100 snapshots of one source, same machine class).
+const CEPH_MS_BEFORE: f64 = 94.0;
+
+/// One driver under test.
+pub struct Driver {
+    pub label: String,
+    proc: Proc,
+    socket: PathBuf,
+    params: HashMap<String, String>,
+    /// The VolumeSnapshotClass's parameters.
+    snapshot_params: HashMap<String, String>,
+    secrets: HashMap<String, String>,
+}
+
+impl Driver {
+    /// Our binary's CSI controller service.
+    pub fn ours(bins: &Path, work: &Path, ceph: &micro_ceph::MicroCeph) -> anyhow::Result<Driver> {
+        let dir = work.join("ours");
+        std::fs::create_dir_all(dir.join("run"))?;
+        let socket = dir.join("csi.sock");
+        let args = vec![
+            "csi".to_string(),
+            "--services=controller".to_string(),
+            format!("--endpoint=unix://{}", socket.display()),
+            format!("--runtime-dir={}", dir.join("run").display()),
+        ];
+        let proc = Proc::spawn(
+            "rbd-provisioner csi",
+            &bins.join("rbd-provisioner"),
+            &args,
+            &[("RUST_LOG".to_string(), "warn".to_string())],
+            dir.join("driver.log"),
+        )?;
+        Ok(Driver {
+            label: "ours".into(),
+            proc,
+            socket,
+            params: strings(&[
+                ("monitors", &ceph.monitors),
+                ("pool", &ceph.pool),
+                ("csi.storage.k8s.io/fstype", "ext4"),
+            ]),
+            snapshot_params: HashMap::new(),
+            secrets: strings(&[("userID", "admin"), ("userKey", &ceph.admin_key)]),
+        })
+    }
+
+    /// ceph-csi's `cephcsi` binary as its RBD controller plugin, with a cluster config naming
+    /// the micro-ceph.
+    pub fn ceph_csi(
+        binary: &Path,
+        work: &Path,
+        ceph: &micro_ceph::MicroCeph,
+    ) -> anyhow::Result<Driver> {
+        let dir = work.join("ceph-csi");
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("csi.sock");
+        let config = dir.join("config.json");
+        let monitors: Vec<&str> = ceph.monitors.split(',').collect();
+        std::fs::write(
+            &config,
+            serde_json::to_string(&json!([{ "clusterID": "bench", "monitors": monitors }]))?,
+        )?;
+        let args = vec![
+            "--type=rbd".to_string(),
+            "--controllerserver=true".to_string(),
+            format!("--endpoint=unix://{}", socket.display()),
+            "--nodeid=bench".to_string(),
+            "--drivername=rbd.csi.ceph.com".to_string(),
+            "--instanceid=bench".to_string(),
+            format!("--clusterconfigpath={}", config.display()),
+            "--v=1".to_string(),
+        ];
+        let proc = Proc::spawn(
+            "cephcsi",
+            binary,
+            &args,
+            &[(
+                "CEPH_CONF".to_string(),
+                ceph.conf_path.display().to_string(),
+            )],
+            dir.join("driver.log"),
+        )?;
+        Ok(Driver {
+            label: "ceph-csi".into(),
+            proc,
+            socket,
+            params: strings(&[
+                ("clusterID", "bench"),
+                ("pool", &ceph.pool),
+                ("imageFeatures", "layering"),
+                ("csi.storage.k8s.io/fstype", "ext4"),
+            ]),
+            snapshot_params: strings(&[("clusterID", "bench"), ("pool", &ceph.pool)]),
+            secrets: strings(&[("userID", "admin"), ("userKey", &ceph.admin_key)]),
+        })
+    }
+
+    async fn client(&mut self) -> anyhow::Result<ControllerClient<Channel>> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while UnixStream::connect(&self.socket).await.is_err() {
+            self.proc.check_alive()?;
+            if Instant::now() > deadline {
+                bail!(
+                    "{}: socket {} never came up",
+                    self.label,
+                    self.socket.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let path = self.socket.clone();
+        let channel =
+            Endpoint::try_from("http://[::]:50051")?
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                    }
+                }))
+                .await?;
+        Ok(ControllerClient::new(channel))
+    }
+
+    fn volume_request(&self, name: &str, snapshot: Option<&str>) -> csi::CreateVolumeRequest {
+        csi::CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: SIZE,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![csi::VolumeCapability {
+                access_type: Some(csi::volume_capability::AccessType::Mount(
+                    csi::volume_capability::MountVolume {
+                        fs_type: "ext4".into(),
+                        ..Default::default()
+                    },
+                )),
+                access_mode: Some(csi::volume_capability::AccessMode {
+                    mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                }),
+            }],
+            parameters: self.params.clone(),
+            secrets: self.secrets.clone(),
+            volume_content_source: snapshot.map(|id| csi::VolumeContentSource {
+                r#type: Some(csi::volume_content_source::Type::Snapshot(
+                    csi::volume_content_source::SnapshotSource {
+                        snapshot_id: id.into(),
+                    },
+                )),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn snapshot_request(&self, name: &str, source: &str) -> csi::CreateSnapshotRequest {
+        csi::CreateSnapshotRequest {
+            name: name.into(),
+            source_volume_id: source.into(),
+            secrets: self.secrets.clone(),
+            parameters: self.snapshot_params.clone(),
+        }
+    }
+}
+
+/// Size of the source and of each restore.
+const SIZE: i64 = 64 << 20;
+
+fn strings(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect()
+}
+
+/// CPU seconds of a process and its waited-for children (utime + stime + cutime + cstime).
+fn process_cpu(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed /proc/PID/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let mut ticks = 0u64;
+    // utime, stime, cutime, cstime: fields 14-17 (1-based), indices 11-14 after the state
+    for i in 11..=14 {
+        ticks += fields
+            .get(i)
+            .context("short /proc/PID/stat")?
+            .parse::<u64>()
+            .context("parsing /proc/PID/stat")?;
+    }
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as f64 } else { 100.0 };
+    Ok(ticks as f64 / hz)
+}
+
+/// CPU seconds of the micro-ceph daemons (every pid file in its `run` directory).
+fn ceph_cpu(ceph: &micro_ceph::MicroCeph) -> f64 {
+    let Ok(entries) = std::fs::read_dir(ceph.dir.join("run")) else {
+        return 0.0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "pid"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|p| p.trim().parse::<u32>().ok())
+        .filter_map(|pid| process_cpu(pid).ok())
+        .sum()
+}
+
+/// Driver and Ceph CPU of each operation of one kind, in order, milliseconds.
+#[derive(Debug, Default, Clone)]
+pub struct Costs {
+    pub driver_ms: Vec<f64>,
+    pub ceph_ms: Vec<f64>,
+}
+
+impl Costs {
+    fn mean(v: &[f64]) -> f64 {
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    }
+    fn first(v: &[f64]) -> f64 {
+        Self::mean(&v[..v.len().min(GROUP)])
+    }
+    fn last(v: &[f64]) -> f64 {
+        Self::mean(&v[v.len().saturating_sub(GROUP)..])
+    }
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "driver_ms": { "mean": Self::mean(&self.driver_ms), "first10": Self::first(&self.driver_ms), "last10": Self::last(&self.driver_ms), "each": self.driver_ms },
+            "ceph_ms": { "mean": Self::mean(&self.ceph_ms), "first10": Self::first(&self.ceph_ms), "last10": Self::last(&self.ceph_ms), "each": self.ceph_ms },
+        })
+    }
+}
+
+/// What one driver's run measured.
+#[derive(Debug, Default, Clone)]
+pub struct DriverResult {
+    pub label: String,
+    pub create_snapshot: Costs,
+    pub restore: Costs,
+    pub delete_restore: Costs,
+    pub delete_snapshot: Costs,
+    /// Wall time of the N sequential CreateSnapshot calls.
+    pub sequential_s: f64,
+    /// Wall time of the N concurrent CreateSnapshot calls, and ABORTED answers retried.
+    pub concurrent_s: f64,
+    pub concurrent_aborted: usize,
+    pub concurrent_driver_ms: f64,
+    pub concurrent_ceph_ms: f64,
+}
+
+/// Runs one operation and records its CPU.
+async fn measured<T, F>(
+    driver: &Driver,
+    ceph: &micro_ceph::MicroCeph,
+    costs: &mut Costs,
+    op: F,
+) -> anyhow::Result<T>
+where
+    F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let pid = driver.proc.pid();
+    let (d0, c0) = (process_cpu(pid)?, ceph_cpu(ceph));
+    let answer = op.await;
+    let (d1, c1) = (process_cpu(pid)?, ceph_cpu(ceph));
+    costs.driver_ms.push((d1 - d0) * 1000.0);
+    costs.ceph_ms.push((c1 - c0) * 1000.0);
+    Ok(answer
+        .map_err(|s| anyhow::anyhow!("{}: {:?}: {}", driver.label, s.code(), s.message()))?
+        .into_inner())
+}
+
+/// The scenario against one driver.
+pub async fn run_driver(
+    driver: &mut Driver,
+    ceph: &micro_ceph::MicroCeph,
+    n: usize,
+) -> anyhow::Result<DriverResult> {
+    let mut ctl = driver.client().await?;
+    let mut result = DriverResult {
+        label: driver.label.clone(),
+        ..DriverResult::default()
+    };
+    let source = ctl
+        .create_volume(driver.volume_request("bench-snap-source", None))
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: creating the source: {s:?}", driver.label))?
+        .into_inner()
+        .volume
+        .context("no volume in the answer")?
+        .volume_id;
+
+    eprintln!(
+        "{}: {n} CreateSnapshot of one source, one at a time",
+        driver.label
+    );
+    let started = Instant::now();
+    let mut snapshots = Vec::with_capacity(n);
+    for i in 0..n {
+        let req = driver.snapshot_request(&format!("bench-snap-{i}"), &source);
+        let answer = measured(
+            driver,
+            ceph,
+            &mut result.create_snapshot,
+            ctl.create_snapshot(req),
+        )
+        .await?;
+        snapshots.push(
+            answer
+                .snapshot
+                .context("no snapshot in the answer")?
+                .snapshot_id,
+        );
+    }
+    result.sequential_s = started.elapsed().as_secs_f64();
+
+    eprintln!("{}: {n} restores", driver.label);
+    let mut restores = Vec::with_capacity(n);
+    for (i, snapshot) in snapshots.iter().enumerate() {
+        let req = driver.volume_request(&format!("bench-restore-{i}"), Some(snapshot));
+        let answer = measured(driver, ceph, &mut result.restore, ctl.create_volume(req)).await?;
+        restores.push(answer.volume.context("no volume in the answer")?.volume_id);
+    }
+    eprintln!(
+        "{}: deleting the restores, then the snapshots",
+        driver.label
+    );
+    for volume_id in restores {
+        let req = csi::DeleteVolumeRequest {
+            volume_id,
+            secrets: driver.secrets.clone(),
+        };
+        measured(
+            driver,
+            ceph,
+            &mut result.delete_restore,
+            ctl.delete_volume(req),
+        )
+        .await?;
+    }
+    for snapshot_id in snapshots {
+        let req = csi::DeleteSnapshotRequest {
+            snapshot_id,
+            secrets: driver.secrets.clone(),
+        };
+        measured(
+            driver,
+            ceph,
+            &mut result.delete_snapshot,
+            ctl.delete_snapshot(req),
+        )
+        .await?;
+    }
+
+    eprintln!(
+        "{}: {n} CreateSnapshot of one source, {CONCURRENCY} at a time",
+        driver.label
+    );
+    let (d0, c0) = (process_cpu(driver.proc.pid())?, ceph_cpu(ceph));
+    let started = Instant::now();
+    let (ids, aborted) = concurrent_snapshots(driver, &ctl, &source, n).await?;
+    result.concurrent_s = started.elapsed().as_secs_f64();
+    result.concurrent_aborted = aborted;
+    result.concurrent_driver_ms = (process_cpu(driver.proc.pid())? - d0) * 1000.0 / n as f64;
+    result.concurrent_ceph_ms = (ceph_cpu(ceph) - c0) * 1000.0 / n as f64;
+    for snapshot_id in ids {
+        ctl.delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id,
+            secrets: driver.secrets.clone(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: DeleteSnapshot: {s:?}", driver.label))?;
+    }
+    ctl.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: source,
+        secrets: driver.secrets.clone(),
+    })
+    .await
+    .map_err(|s| anyhow::anyhow!("{}: deleting the source: {s:?}", driver.label))?;
+    Ok(result)
+}
+
+/// N CreateSnapshot calls, [`CONCURRENCY`] in flight; ABORTED answers are retried after 100 ms
+/// (what a client backing off would do, without the growing back-off) and counted.
+async fn concurrent_snapshots(
+    driver: &Driver,
+    ctl: &ControllerClient<Channel>,
+    source: &str,
+    n: usize,
+) -> anyhow::Result<(Vec<String>, usize)> {
+    let permits = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let req = driver.snapshot_request(&format!("bench-concurrent-{i}"), source);
+        let mut ctl = ctl.clone();
+        let permits = Arc::clone(&permits);
+        tasks.push(tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await?;
+            let mut aborted = 0;
+            loop {
+                match ctl.create_snapshot(req.clone()).await {
+                    Ok(answer) => {
+                        let id = answer
+                            .into_inner()
+                            .snapshot
+                            .context("no snapshot in the answer")?
+                            .snapshot_id;
+                        return anyhow::Ok((id, aborted));
+                    }
+                    Err(s) if s.code() == tonic::Code::Aborted => {
+                        aborted += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(s) => bail!("CreateSnapshot {}: {s:?}", req.name),
+                }
+            }
+        }));
+    }
+    let mut ids = Vec::with_capacity(n);
+    let mut aborted = 0;
+    for task in tasks {
+        let (id, a) = task.await??;
+        ids.push(id);
+        aborted += a;
+    }
+    Ok((ids, aborted))
+}
+
+/// The report: tables per driver, and the targets' verdicts on ours.
+pub fn report(results: &[DriverResult], n: usize, ceph_csi_given: bool) -> String {
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "CPU per operation in ms (driver = the plugin process, Ceph = the micro-ceph daemons), \
+         mean over N={n} / first {GROUP} / last {GROUP}:\n"
+    );
+    let mut header = String::from("| operation |");
+    let mut rule = String::from("|---|");
+    for r in results {
+        let _ = write!(header, " {} driver | {} Ceph |", r.label, r.label);
+        rule.push_str("---|---|");
+    }
+    if !ceph_csi_given {
+        header.push_str(" ceph-csi |");
+        rule.push_str("---|");
+    }
+    let _ = writeln!(text, "{header}\n{rule}");
+    let rows = [
+        "CreateSnapshot",
+        "restore (CreateVolume from snapshot)",
+        "DeleteVolume of a restore",
+        "DeleteSnapshot",
+    ];
+    for (row, name) in rows.into_iter().enumerate() {
+        let mut line = format!("| {name} |");
+        for r in results {
+            let c = [
+                &r.create_snapshot,
+                &r.restore,
+                &r.delete_restore,
+                &r.delete_snapshot,
+            ][row];
+            let _ = write!(line, " {} | {} |", triple(&c.driver_ms), triple(&c.ceph_ms));
+        }
+        if !ceph_csi_given {
+            line.push_str(" not run (no `--ceph-csi` binary given) |");
+        }
+        let _ = writeln!(text, "{line}");
+    }
+    let _ = writeln!(
+        text,
+        "\n{n} CreateSnapshot of one source, {CONCURRENCY} at a time (ABORTED retried after 100 ms):\n"
+    );
+    let _ = writeln!(
+        text,
+        "| driver | wall | sequential wall | ABORTED answers | driver CPU / snapshot | Ceph CPU / snapshot |\n|---|---|---|---|---|---|"
+    );
+    for r in results {
+        let _ = writeln!(
+            text,
+            "| {} | {:.1} s | {:.1} s | {} | {:.1} ms | {:.1} ms |",
+            r.label,
+            r.concurrent_s,
+            r.sequential_s,
+            r.concurrent_aborted,
+            r.concurrent_driver_ms,
+            r.concurrent_ceph_ms
+        );
+    }
+    if let Some(ours) = results.iter().find(|r| r.label == "ours") {
+        let _ = writeln!(text, "\ntargets (ours):");
+        for line in verdicts(ours, n) {
+            let _ = writeln!(text, "- {line}");
+        }
+    }
+    text
+}
+
+fn triple(v: &[f64]) -> String {
+    format!(
+        "{:.1} / {:.1} / {:.1}",
+        Costs::mean(v),
+        Costs::first(v),
+        Costs::last(v)
+    )
+}
+
+fn verdict(measured: f64, limit: f64) -> String {
+    if measured <= limit {
+        "met".to_string()
+    } else {
+        format!(
+            "MISSED by {:.1} ({:.0}% over)",
+            measured - limit,
+            (measured / limit - 1.0) * 100.0
+        )
+    }
+}
+
+/// The targets' verdicts on our driver's figures.
+pub fn verdicts(r: &DriverResult, n: usize) -> Vec<String> {
+    let c = &r.create_snapshot;
+    let snap_last = Costs::last(&c.driver_ms);
+    let restore_last = Costs::last(&r.restore.driver_ms);
+    let flat = |v: &[f64]| {
+        let (first, last) = (Costs::first(v), Costs::last(v));
+        (first, last, verdict(last, first * (1.0 + FLAT_WITHIN)))
+    };
+    let (df, dl, dv) = flat(&c.driver_ms);
+    let (cf, cl, cv) = flat(&c.ceph_ms);
+    let ceph_mean = Costs::mean(&c.ceph_ms);
+    vec![
+        format!(
+            "CreateSnapshot driver CPU <= {TARGET_SNAPSHOT_MS} ms at N={n} (last {GROUP}): {snap_last:.1} ms -> {}",
+            verdict(snap_last, TARGET_SNAPSHOT_MS)
+        ),
+        format!(
+            "restore driver CPU <= {TARGET_RESTORE_MS} ms at N={n} (last {GROUP}): {restore_last:.1} ms -> {}",
+            verdict(restore_last, TARGET_RESTORE_MS)
+        ),
+        format!(
+            "CreateSnapshot driver CPU flat (last {GROUP} within {:.0}% of first {GROUP}): {df:.1} -> {dl:.1} ms -> {dv}",
+            FLAT_WITHIN * 100.0
+        ),
+        format!(
+            "CreateSnapshot Ceph CPU flat (last {GROUP} within {:.0}% of first {GROUP}): {cf:.1} -> {cl:.1} ms -> {cv}",
+            FLAT_WITHIN * 100.0
+        ),
+        format!(
+            "CreateSnapshot Ceph CPU not above before ({CEPH_MS_BEFORE} ms): {ceph_mean:.1} ms -> {}",
+            verdict(ceph_mean, CEPH_MS_BEFORE)
+        ),
+        format!(
+            "{CONCURRENCY} at a time: no ABORTED: {} -> {}",
+            r.concurrent_aborted,
+            if r.concurrent_aborted == 0 {
+                "met".to_string()
+            } else {
+                "MISSED".to_string()
+            }
+        ),
+        format!(
+            "{CONCURRENCY} at a time within the sequential time: {:.1} s vs {:.1} s -> {}",
+            r.concurrent_s,
+            r.sequential_s,
+            verdict(r.concurrent_s, r.sequential_s)
+        ),
+    ]
+}
+
+/// The JSON form of the results.
+pub fn to_json(results: &[DriverResult], n: usize) -> serde_json::Value {
+    json!({
+        "snapshots": n,
+        "drivers": results.iter().map(|r| json!({
+            "driver": r.label,
+            "create_snapshot": r.create_snapshot.json(),
+            "restore": r.restore.json(),
+            "delete_restore": r.delete_restore.json(),
+            "delete_snapshot": r.delete_snapshot.json(),
+            "sequential_s": r.sequential_s,
+            "concurrent": {
+                "in_flight": CONCURRENCY,
+                "wall_s": r.concurrent_s,
+                "aborted": r.concurrent_aborted,
+                "driver_ms_per_snapshot": r.concurrent_driver_ms,
+                "ceph_ms_per_snapshot": r.concurrent_ceph_ms,
+            },
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_and_last_groups_and_the_flat_verdict() {
+        let v: Vec<f64> = (0..100).map(|i| if i < 90 { 10.0 } else { 13.0 }).collect();
+        assert_eq!(Costs::first(&v), 10.0);
+        assert_eq!(Costs::last(&v), 13.0);
+        let r = DriverResult {
+            label: "ours".into(),
+            create_snapshot: Costs {
+                driver_ms: v.clone(),
+                ceph_ms: vec![50.0; 100],
+            },
+            restore: Costs {
+                driver_ms: vec![20.0; 100],
+                ceph_ms: vec![50.0; 100],
+            },
+            ..DriverResult::default()
+        };
+        let lines = verdicts(&r, 100);
+        assert!(lines[0].ends_with("-> met"), "{}", lines[0]);
+        assert!(
+            lines[2].contains("MISSED"),
+            "30 % growth is not flat: {}",
+            lines[2]
+        );
+        assert!(lines[3].ends_with("-> met"), "{}", lines[3]);
+    }
+}
