@@ -64,12 +64,25 @@ async fn a_snapshot_restores_into_a_new_claim_with_the_data_of_its_moment() {
     let snap_image = snapshot_image_name(&format!("snapshot-{uid}"));
     assert!(handle.ends_with(&snap_image), "{handle}");
     assert!(h.images().contains(&snap_image));
-    // the being-created annotation is gone once the status is filled
-    let annotations = content.metadata.annotations.clone().unwrap_or_default();
-    assert!(
-        !annotations.contains_key("snapshot.storage.kubernetes.io/volumesnapshot-being-created"),
-        "{annotations:?}"
-    );
+    // the being-created annotation goes after the status is filled: in a write of its own, as
+    // external-snapshotter's sidecar does, so the snapshot may be ready a moment before
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let content = contents(&h)
+            .get(&format!("snapcontent-{uid}"))
+            .await
+            .unwrap();
+        let annotations = content.metadata.annotations.clone().unwrap_or_default();
+        if !annotations.contains_key("snapshot.storage.kubernetes.io/volumesnapshot-being-created")
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "being-created annotation still there: {annotations:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 
     // the source changes after the snapshot; the restore has the snapshot's moment
     write(&plugin, &h, "src", "a.txt", "after the snapshot").await;
