@@ -1106,7 +1106,14 @@ async fn encrypt(vol: &mut Volume<'_>, config: &Path) {
     let kms = rbd_volume::encryption::KmsConfig::load(config)
         .and_then(|c| c.kms("plain"))
         .expect("KMS entry");
-    rbd_volume::encryption::prepare(&vol.rados, &vol.cluster.pool, &vol.image, kms.as_ref())
+    let target = rbd_volume::encryption::Target {
+        cluster: &vol.rados,
+        pool: &vol.cluster.pool,
+        image: &vol.image,
+        volume_id: &vol.image,
+        tenant: None,
+    };
+    rbd_volume::encryption::prepare(&target, kms.as_ref(), None)
         .await
         .expect("preparing the encrypted volume");
 }
