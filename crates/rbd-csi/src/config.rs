@@ -132,6 +132,9 @@ pub struct CsiConfig {
     /// `ceph-csi-encryption-kms-config`), read when an encrypted volume is created or staged.
     /// Default [`rbd_volume::encryption::DEFAULT_KMS_CONFIG`].
     pub kms_config: PathBuf,
+    /// Kubernetes Secrets, for the KMS entries that keep keys in Secrets or wrap them with one
+    /// (read by the controller and the node). Default none: such entries are refused.
+    pub secrets: Option<std::sync::Arc<dyn rbd_volume::encryption::secrets::SecretStore>>,
 }
 
 impl Default for CsiConfig {
@@ -154,6 +157,7 @@ impl Default for CsiConfig {
             node_topology: BTreeMap::new(),
             kube_cluster: String::new(),
             kms_config: PathBuf::from(rbd_volume::encryption::DEFAULT_KMS_CONFIG),
+            secrets: None,
         }
     }
 }
@@ -204,6 +208,7 @@ impl CsiConfig {
                 self.daemon_cgroups.clone(),
             ),
             kms_config: self.kms_config.clone(),
+            secrets: self.secrets.clone(),
         }
     }
 }

@@ -256,3 +256,101 @@ async fn a_restore_and_a_clone_of_an_encrypted_volume_carry_its_key() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn a_restore_or_clone_keeps_its_sources_encryption() {
+    let (server, _dir) = server(r#"{"plain": {"encryptionKMSType": "metadata"}}"#).await;
+    let mut ctl = server.controller().await;
+    let names = [
+        "pvc-crypt-mix-enc",
+        "pvc-crypt-mix-plain",
+        "pvc-crypt-mix-a",
+        "pvc-crypt-mix-b",
+        "pvc-crypt-mix-c",
+    ];
+    for name in names {
+        remove_image(name);
+    }
+    let volume =
+        |resp: tonic::Response<csi::CreateVolumeResponse>| resp.into_inner().volume.unwrap();
+    let encrypted = volume(
+        ctl.create_volume(encrypted_request("pvc-crypt-mix-enc", "plain", "rbd"))
+            .await
+            .unwrap(),
+    );
+    let plain = volume(
+        ctl.create_volume(create_request("pvc-crypt-mix-plain", 16 * MIB))
+            .await
+            .unwrap(),
+    );
+    let snap = ctl
+        .create_snapshot(csi::CreateSnapshotRequest {
+            name: "snap-crypt-mix".into(),
+            source_volume_id: encrypted.volume_id.clone(),
+            secrets: secrets(),
+            parameters: HashMap::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let from_volume = |id: &str| {
+        Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Volume(
+                csi::volume_content_source::VolumeSource {
+                    volume_id: id.to_owned(),
+                },
+            )),
+        })
+    };
+    // an encrypted volume cloned, and its snapshot restored, into an unencrypted class
+    let mut clone = create_request("pvc-crypt-mix-a", 16 * MIB);
+    clone.volume_content_source = from_volume(&encrypted.volume_id);
+    let mut restore = create_request("pvc-crypt-mix-b", 16 * MIB);
+    restore.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            },
+        )),
+    });
+    // an unencrypted volume cloned into an encrypted class
+    let mut into_encrypted = encrypted_request("pvc-crypt-mix-c", "plain", "rbd");
+    into_encrypted.volume_content_source = from_volume(&plain.volume_id);
+    for (req, source, problem) in [
+        (
+            clone,
+            "pvc-crypt-mix-enc",
+            "is encrypted and the class is not",
+        ),
+        (restore, "snap", "is encrypted and the class is not"),
+        (
+            into_encrypted,
+            "pvc-crypt-mix-plain",
+            "the class is encrypted and the source",
+        ),
+    ] {
+        let name = req.name.clone();
+        let err = ctl.create_volume(req).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+        for part in ["parameters: parameter encrypted:", source, problem] {
+            assert!(err.message().contains(part), "{part}: {}", err.message());
+        }
+        assert_eq!(image_size(&name), None, "{name}: nothing was made");
+    }
+    ctl.delete_snapshot(csi::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id,
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+    for id in [encrypted.volume_id, plain.volume_id] {
+        ctl.delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id,
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+    }
+}

@@ -138,6 +138,7 @@ impl OtherNode {
             topology: Default::default(),
             daemons: Default::default(),
             kms_config: Default::default(),
+            secrets: None,
         })
         .with_local_addresses(HashSet::new());
         let cleanup = NodeCleanup {

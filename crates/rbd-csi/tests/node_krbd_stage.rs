@@ -64,6 +64,7 @@ esac
             topology: Default::default(),
             daemons: Default::default(),
             kms_config: Default::default(),
+            secrets: None,
         },
         vec![krbd],
     )

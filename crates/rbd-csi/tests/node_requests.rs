@@ -347,6 +347,7 @@ async fn concurrent_calls_on_one_volume_are_aborted_other_volumes_proceed() {
             topology: Default::default(),
             daemons: Default::default(),
             kms_config: Default::default(),
+            secrets: None,
         },
         vec![Arc::new(GateMapper {
             entered: Arc::clone(&entered),
@@ -470,6 +471,7 @@ fn key_files_a_killed_plugin_left_are_swept_at_startup() {
         topology: Default::default(),
         daemons: Default::default(),
         kms_config: Default::default(),
+        secrets: None,
     });
     assert!(!leftover.exists(), "a leftover key file survived startup");
     assert!(in_flight.exists(), "a key file of this process was removed");

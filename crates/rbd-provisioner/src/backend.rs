@@ -339,8 +339,11 @@ fn provision_error(e: rbd_volume::Error) -> ProvisionError {
 impl Provisioner for RbdBackend {
     async fn provision(&self, options: ProvisionOptions) -> Result<Provisioned, ProvisionError> {
         let class = &options.storage_class;
-        let params = Parameters::parse(&class.parameters.clone().unwrap_or_default())
-            .map_err(ProvisionError::final_error)?;
+        let raw = class.parameters.clone().unwrap_or_default();
+        if let Some(refusal) = rbd_volume::encryption::builtin_provisioner_refusal(raw.keys()) {
+            return Err(ProvisionError::final_error(refusal));
+        }
+        let params = Parameters::parse(&raw).map_err(ProvisionError::final_error)?;
         claim::check_modes(&options.claim).map_err(ProvisionError::final_error)?;
         let request = provisioner::quantity::claim_request(&options.claim).map(|q| q.0.as_str());
         let size = claim::image_size(request).map_err(ProvisionError::final_error)?;

@@ -89,7 +89,8 @@ pub struct CsiArgs {
     /// Give it to the controller too.
     #[arg(long, env = "TOPOLOGY_LABELS", default_value = "")]
     pub topology_labels: String,
-    /// Kubernetes API access, used only to read this node's labels for --topology-labels.
+    /// Kubernetes API access: to read this node's labels for --topology-labels, and the Secrets
+    /// of KMS entries that keep or wrap volume keys with Secrets.
     #[command(flatten)]
     pub kube: KubeArgs,
 }
@@ -125,6 +126,23 @@ async fn node_topology(
         .map_err(|e| anyhow::anyhow!("--topology-labels: {e}"))
 }
 
+/// Kubernetes Secrets for the KMS entries that keep or wrap keys with Secrets; without
+/// Kubernetes API access (a plugin run outside a cluster with no kubeconfig) such entries are
+/// refused when used, naming the entry, and everything else works.
+async fn kms_secrets(
+    args: &CsiArgs,
+) -> Option<Arc<dyn rbd_volume::encryption::secrets::SecretStore>> {
+    match crate::kube_client::client(&args.kube).await {
+        Ok(client) => Some(Arc::new(rbd_volume::encryption::secrets::KubeSecrets::new(
+            client,
+        ))),
+        Err(e) => {
+            tracing::info!(error = %e, "no Kubernetes API access: KMS entries that use Secrets are refused");
+            None
+        }
+    }
+}
+
 /// Serves until SIGTERM/SIGINT.
 pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
     let defaults = CsiConfig::default();
@@ -152,6 +170,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         tracing::info!(node = %node_id, ?topology, "node topology");
         topology
     };
+    let secrets = kms_secrets(&args).await;
     let endpoint = PathBuf::from(
         args.endpoint
             .strip_prefix("unix://")
@@ -178,6 +197,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         kube_cluster: args.kube.kube_cluster_id.clone().unwrap_or_default(),
         daemon_cgroups: args.daemon_cgroup,
         kms_config: args.kms_config,
+        secrets,
     };
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, ceph_client = %ceph_rbd::key::client_version(), "starting CSI driver");
     rbd_csi::serve(config, crate::run::shutdown_signal()).await?;

@@ -91,6 +91,26 @@ fn the_csi_overlay_and_examples_render() {
         .as_sequence()
         .unwrap();
     assert!(args.iter().any(|a| a == "--register=true"));
+    // the KMS config of encrypted volumes at --kms-config's default path, from ceph-csi's ConfigMap
+    let mounts = node["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap();
+    assert!(mounts.iter().any(|m| {
+        m["name"] == "ceph-csi-encryption-kms-config"
+            && m["mountPath"] == "/etc/ceph-csi-encryption-kms-config"
+    }));
+    if let Some(encryption) = render("deploy/examples/encryption") {
+        let config = find(&encryption, "ConfigMap", "ceph-csi-encryption-kms-config");
+        let text = config["data"]["config.json"].as_str().unwrap();
+        let kms = rbd_volume::encryption::KmsConfig::parse("config.json", text).unwrap();
+        assert!(kms.kms("plain").is_ok());
+        for id in ["wrapped", "per-volume"] {
+            // well-formed entries that read Secrets: refused only for want of API access here
+            let err = kms.kms(id).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("Kubernetes API"), "{id}: {err}");
+        }
+        find(&encryption, "StorageClass", "rbd-encrypted");
+    }
     let Some(examples) = render("deploy/examples") else {
         return;
     };
@@ -221,7 +241,8 @@ fn the_clusters_component_mounts_the_config_the_flag_names_and_its_classes_parse
     assert_eq!(
         role["rules"],
         serde_yaml::from_str::<serde_yaml::Value>(
-            "[{apiGroups: [''], resources: [nodes], verbs: [get]}]"
+            "[{apiGroups: [''], resources: [nodes], verbs: [get]},
+              {apiGroups: [''], resources: [secrets], verbs: [get]}]"
         )
         .unwrap()
     );

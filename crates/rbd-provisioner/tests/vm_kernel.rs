@@ -51,6 +51,7 @@ const GUEST_TESTS: &[&str] = &[
     "guest_nbd_volume_keeps_working_across_a_node_plugin_restart",
     "guest_encrypted_krbd_filesystem_keeps_no_plaintext_on_the_image_and_grows",
     "guest_encrypted_nbd_block_volume_and_a_wrong_key_leaves_the_header_alone",
+    "guest_encrypted_restore_and_clone_read_with_their_own_keys",
 ];
 
 /// Guest tests of behaviour the node does not have yet, with why: they run and their result is
@@ -460,6 +461,25 @@ impl<'a> Volume<'a> {
             secrets,
             block: false,
             fs_type: "ext4".to_owned(),
+            mode: Mode::SingleNodeWriter,
+        }
+    }
+
+    /// A volume of an image that exists already (a restore or a clone), staged like `of`.
+    fn existing(of: &Volume<'a>, image: &str) -> Volume<'a> {
+        let dir = std::env::temp_dir().join(format!("vm-{image}"));
+        std::fs::create_dir_all(&dir).expect("volume dir");
+        let mut context = of.context.clone();
+        context.insert("imageName".to_owned(), image.to_owned());
+        Volume {
+            cluster: of.cluster,
+            rados: of.rados.clone(),
+            image: image.to_owned(),
+            dir,
+            context,
+            secrets: of.secrets.clone(),
+            block: of.block,
+            fs_type: of.fs_type.clone(),
             mode: Mode::SingleNodeWriter,
         }
     }
@@ -1106,7 +1126,14 @@ async fn encrypt(vol: &mut Volume<'_>, config: &Path) {
     let kms = rbd_volume::encryption::KmsConfig::load(config)
         .and_then(|c| c.kms("plain"))
         .expect("KMS entry");
-    rbd_volume::encryption::prepare(&vol.rados, &vol.cluster.pool, &vol.image, kms.as_ref())
+    let target = rbd_volume::encryption::Target {
+        cluster: &vol.rados,
+        pool: &vol.cluster.pool,
+        image: &vol.image,
+        volume_id: &vol.image,
+        tenant: None,
+    };
+    rbd_volume::encryption::prepare(&target, kms.as_ref(), None)
         .await
         .expect("preparing the encrypted volume");
 }
@@ -1275,5 +1302,131 @@ fn guest_encrypted_nbd_block_volume_and_a_wrong_key_leaves_the_header_alone() {
             "{}",
             err.message()
         );
+    });
+}
+
+/// Makes `image` from `source` through the volume core, as a restore or a clone through either
+/// front door does, and stores its key (its own copy of the source's) through KMS entry `plain`.
+async fn restore_encrypted(
+    source_vol: &Volume<'_>,
+    source: rbd_volume::Source<'_>,
+    image: &str,
+    config: &Path,
+) {
+    let pool = source_vol.cluster.pool.as_str();
+    let owner = rbd_volume::Owner {
+        pv: image.to_owned(),
+        claim: String::new(),
+        provisioner: "vm-test".to_owned(),
+        kube_cluster: String::new(),
+    };
+    let options = ceph_rbd::CreateOptions::default();
+    let new = rbd_volume::NewImage {
+        pool,
+        image,
+        size: 64 << 20,
+        options: &options,
+        owner: &owner,
+        fit: rbd_volume::Fit::Grow,
+    };
+    let source_id = format!("vm-test-source-of-{image}");
+    let (source_pool, source_image) = match source {
+        rbd_volume::Source::Snapshot { pool, image }
+        | rbd_volume::Source::Volume { pool, image } => (pool, image),
+    };
+    rbd_volume::clone_volume(
+        &source_vol.rados,
+        &rbd_volume::NewClone::of(&new, source, &source_id, "vm-test"),
+    )
+    .await
+    .expect("restoring / cloning");
+    let kms = rbd_volume::encryption::KmsConfig::load(config)
+        .and_then(|c| c.kms("plain"))
+        .expect("KMS entry");
+    let target = rbd_volume::encryption::Target {
+        cluster: &source_vol.rados,
+        pool,
+        image,
+        volume_id: image,
+        tenant: None,
+    };
+    let from = rbd_volume::encryption::Target {
+        pool: source_pool,
+        image: source_image,
+        volume_id: &source_id,
+        ..target
+    };
+    rbd_volume::encryption::prepare(&target, kms.as_ref(), Some(&from))
+        .await
+        .expect("storing the copy's key");
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_encrypted_restore_and_clone_read_with_their_own_keys() {
+    guest(|| async {
+        let dir = plugin_dir("crypt-clone");
+        let config = kms_config(&dir);
+        let plugin = Plugin::start(&dir, &[&format!("--kms-config={}", config.display())]);
+        let mut node = plugin.client().await;
+        let mut vol = Volume::new("crypt-src", "krbd", 64).await;
+        encrypt(&mut vol, &config).await;
+        vol.attach(&mut node, false).await;
+        let data = "restored-marker-7d1e".repeat(2048);
+        write_file(&vol.target().join("data"), data.as_bytes()).expect("write");
+        vol.detach(&mut node).await;
+        let pool = vol.cluster.pool.clone();
+        let owner = rbd_volume::snapshot::SnapshotOwner {
+            name: "crypt-snap".to_owned(),
+            source: vol.id(),
+            driver: "vm-test".to_owned(),
+            kube_cluster: String::new(),
+        };
+        let snap_image = rbd_volume::snapshot::snapshot_image_name("crypt-snap");
+        rbd_volume::snapshot::create_snapshot(
+            &vol.rados,
+            &rbd_volume::snapshot::NewSnapshot {
+                pool: &pool,
+                source_image: &vol.image,
+                image: &snap_image,
+                owner: &owner,
+            },
+        )
+        .await
+        .expect("snapshot");
+        let snapshot = rbd_volume::Source::Snapshot {
+            pool: &pool,
+            image: &snap_image,
+        };
+        restore_encrypted(&vol, snapshot, "crypt-restore", &config).await;
+        let volume = rbd_volume::Source::Volume {
+            pool: &pool,
+            image: &vol.image,
+        };
+        restore_encrypted(&vol, volume, "crypt-clone", &config).await;
+        for image in ["crypt-restore", "crypt-clone"] {
+            let copy = Volume::existing(&vol, image);
+            let key = copy
+                .rados
+                .metadata_get(&pool, image, rbd_volume::encryption::kms::META_DEK)
+                .await
+                .expect("reading the copy's key");
+            assert!(
+                key.is_some_and(|k| k.len() == 64),
+                "{image} has its own key"
+            );
+            copy.attach(&mut node, false).await;
+            assert!(
+                dm_name(&copy.device()).starts_with("rbd-csi-"),
+                "{image} is staged on its LUKS device"
+            );
+            assert_eq!(
+                std::fs::read(copy.target().join("data")).expect("read back"),
+                data.as_bytes(),
+                "{image} reads the source's data through its own key"
+            );
+            copy.detach(&mut node).await;
+        }
+        assert_eq!(dm_devices(), 0);
     });
 }

@@ -87,6 +87,8 @@ pub struct ControllerService {
     max_volumes_per_node: i64,
     /// [`CsiConfig::kms_config`].
     kms_config: std::path::PathBuf,
+    /// [`CsiConfig::secrets`].
+    secrets: Option<Arc<dyn rbd_volume::encryption::secrets::SecretStore>>,
 }
 
 /// A cluster and a pool spec (`pool` or `pool/namespace`) volumes live in.
@@ -126,6 +128,7 @@ impl ControllerService {
             local_node: config.services.node().then(|| config.node_id.clone()),
             max_volumes_per_node: config.max_volumes_per_node,
             kms_config: config.kms_config.clone(),
+            secrets: config.secrets.clone(),
         }
     }
 

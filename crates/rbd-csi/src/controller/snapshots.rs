@@ -138,6 +138,19 @@ pub(super) async fn create(
     )
     .await
     .map_err(snapshot_status)?;
+    let snapshot_target = rbd_volume::encryption::Target {
+        cluster: &cluster,
+        pool: &pool,
+        image: &image,
+        volume_id: &snapshot_id,
+        tenant: None,
+    };
+    let source_target = rbd_volume::encryption::Target {
+        image: &source.image,
+        volume_id: source_id,
+        ..snapshot_target
+    };
+    copy_key(ctl, &snapshot_target, &source_target).await?;
     tracing::info!(snapshot_id, source_volume_id = source_id, "snapshot ready");
     Ok(csi::CreateSnapshotResponse {
         snapshot: Some(entry(&source.cluster, &snap)?),
@@ -159,11 +172,49 @@ pub(super) async fn delete(
     let (user, key) = call_or_probe_credentials(ctl, &req.secrets)?;
     let _guard = ctl.locks.lock_or_abort(snapshot_id)?;
     let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
-    let deleted = snapshot::delete_snapshot(&cluster, &id.pool_spec(), &id.image)
+    let pool = id.pool_spec();
+    // Read before the snapshot image (and its metadata) goes.
+    let kms_id = rbd_volume::encryption::recorded_kms_id(&cluster, &pool, &id.image)
+        .await
+        .unwrap_or_default();
+    let deleted = snapshot::delete_snapshot(&cluster, &pool, &id.image)
         .await
         .map_err(volume_status)?;
     tracing::info!(snapshot_id, ?deleted, "snapshot deleted");
+    if let Some(kms_id) = kms_id {
+        super::volumes::remove_key(ctl, &cluster, &pool, &id.image, snapshot_id, &kms_id).await;
+    }
     Ok(())
+}
+
+/// A snapshot of an encrypted volume whose KMS keeps keys apart from the image gets its own
+/// copy of the volume's key (with the metadata KMSs the snapshot image's metadata carries it
+/// already), so that restores from it outlive the volume.
+async fn copy_key(
+    ctl: &ControllerService,
+    snapshot: &rbd_volume::encryption::Target<'_>,
+    source: &rbd_volume::encryption::Target<'_>,
+) -> Result<(), Status> {
+    let kms_id = rbd_volume::encryption::recorded_kms_id(source.cluster, source.pool, source.image)
+        .await
+        .map_err(|e| Status::unavailable(format!("reading the source's KMS entry: {e}")))?;
+    let Some(kms_id) = kms_id else {
+        return Ok(());
+    };
+    let kms = super::volumes::kms_for(&ctl.kms_config, ctl.secrets.clone(), &kms_id)
+        .await
+        .map_err(|e| {
+            Status::failed_precondition(format!(
+                "the source volume's key (KMS entry {kms_id:?}): {}",
+                e.message()
+            ))
+        })?;
+    if !kms.keeps_key_apart() {
+        return Ok(());
+    }
+    rbd_volume::encryption::prepare(snapshot, kms.as_ref(), Some(source))
+        .await
+        .map_err(|e| Status::failed_precondition(format!("copying the volume's key: {e}")))
 }
 
 pub(super) async fn list(

@@ -151,15 +151,22 @@ pub(super) async fn create(
         .map_err(|e| Status::invalid_argument(format!("parameters.imageFeatures: {e}")))?;
     // An encrypted class's KMS entry is resolved before anything is made.
     let kms = match &params.encryption {
-        Some(enc) => Some(kms_for(&ctl.kms_config, enc).await?),
+        Some(enc) => Some(kms_for(&ctl.kms_config, ctl.secrets.clone(), &enc.kms_id).await?),
         None => None,
     };
+    let source = content
+        .as_ref()
+        .map(|c| locate(&place.cluster, c))
+        .transpose()?;
     let _guard = ctl.locks.lock_or_abort(name)?;
     let cluster = ctl.cluster(&place.cluster, &user, &key).await?;
     // a namespace that does not exist is the class's mistake, said before anything is made
     rbd_volume::check_namespace(&cluster, &pool)
         .await
         .map_err(volume_status)?;
+    if let Some(source) = &source {
+        check_source_encryption(&cluster, source, &params).await?;
+    }
     let options = CreateOptions {
         features,
         data_pool: place.data_pool.clone(),
@@ -185,18 +192,22 @@ pub(super) async fn create(
         fit,
     };
     ctl.remember(&place.cluster, &pool);
-    let ensured = match &content {
+    let ensured = match &source {
         None => rbd_volume::ensure(&cluster, &new, &ctl.hooks)
             .await
             .map_err(volume_status)?,
-        Some(content) => clone_from(ctl, &cluster, &new, &place.cluster, content).await?,
+        Some(source) => clone_from(ctl, &cluster, &new, source).await?,
     };
     super::modify::apply(&cluster, &pool, &image, &qos).await?;
-    if let Some(kms) = &kms {
-        // A clone or a restore finds its source's key (copied with the image metadata).
-        rbd_volume::encryption::prepare(&cluster, &pool, &image, kms.as_ref())
-            .await
-            .map_err(|e| Status::unavailable(format!("storing the volume's key: {e}")))?;
+    if let (Some(kms), Some(enc)) = (&kms, &params.encryption) {
+        let target = rbd_volume::encryption::Target {
+            cluster: &cluster,
+            pool: &pool,
+            image: &image,
+            volume_id: &volume_id,
+            tenant: enc.tenant.as_deref(),
+        };
+        store_key(&target, kms.as_ref(), source.as_ref()).await?;
     }
     let capacity = ensured.size;
 
@@ -211,10 +222,11 @@ pub(super) async fn create(
     })
 }
 
-/// The KMS of an encrypted class's `encryptionKMSID`, from the KMS configuration file.
-async fn kms_for(
+/// The KMS of entry `kms_id` (a class's `encryptionKMSID`), from the KMS configuration file.
+pub(super) async fn kms_for(
     path: &std::path::Path,
-    enc: &rbd_volume::encryption::Encryption,
+    secrets: Option<std::sync::Arc<dyn rbd_volume::encryption::secrets::SecretStore>>,
+    kms_id: &str,
 ) -> Result<Box<dyn rbd_volume::encryption::Kms>, Status> {
     let path = path.to_path_buf();
     let config =
@@ -222,7 +234,7 @@ async fn kms_for(
             .await
             .map_err(|e| Status::internal(format!("reading the KMS configuration: {e}")))?
             .map_err(|e| Status::failed_precondition(e.to_string()))?;
-    config.kms(&enc.kms_id).map_err(|e| {
+    config.with_secrets(secrets).kms(kms_id).map_err(|e| {
         Status::invalid_argument(format!(
             "parameters.{}: {e}",
             rbd_volume::encryption::PARAM_KMS_ID
@@ -230,30 +242,81 @@ async fn kms_for(
     })
 }
 
-/// Makes the volume `new` as a clone of `content` (a snapshot or a volume on `cluster_ref`).
-async fn clone_from(
-    ctl: &ControllerService,
-    cluster: &ceph_rbd::Cluster,
-    new: &NewImage<'_>,
-    cluster_ref: &ClusterRef,
-    content: &ContentSource,
-) -> Result<rbd_volume::Ensured, Status> {
+/// A content source and where it is.
+struct Located<'a> {
+    content: &'a ContentSource,
+    /// The pool spec of its image, on the new volume's cluster.
+    pool: String,
+    image: &'a str,
+}
+
+/// Where a content source is: its pool spec and image, on the new volume's cluster.
+fn locate<'a>(cluster_ref: &ClusterRef, content: &'a ContentSource) -> Result<Located<'a>, Status> {
     let (source_cluster, source_pool, image) = match &content.source {
         Content::Snapshot(id) => (&id.cluster, id.pool_spec(), &id.image),
         Content::Volume(id) => (&id.cluster, id.pool_spec(), &id.image),
     };
-    let source_pool = source_in(cluster_ref, source_cluster, source_pool)?;
-    let source = match &content.source {
-        Content::Snapshot(_) => Source::Snapshot {
-            pool: &source_pool,
-            image,
-        },
-        Content::Volume(_) => Source::Volume {
-            pool: &source_pool,
-            image,
-        },
+    Ok(Located {
+        content,
+        pool: source_in(cluster_ref, source_cluster, source_pool)?,
+        image,
+    })
+}
+
+/// Stores an encrypted volume's key through its KMS once its image exists; a clone or a
+/// restore gets its source's key.
+async fn store_key(
+    target: &rbd_volume::encryption::Target<'_>,
+    kms: &dyn rbd_volume::encryption::Kms,
+    source: Option<&Located<'_>>,
+) -> Result<(), Status> {
+    let source = source.map(|s| rbd_volume::encryption::Target {
+        pool: &s.pool,
+        image: s.image,
+        volume_id: &s.content.id,
+        ..*target
+    });
+    rbd_volume::encryption::prepare(target, kms, source.as_ref())
+        .await
+        .map_err(|e| Status::failed_precondition(format!("storing the volume's key: {e}")))
+}
+
+/// A restore or clone must be encrypted exactly when its source is.
+async fn check_source_encryption(
+    cluster: &ceph_rbd::Cluster,
+    source: &Located<'_>,
+    params: &super::CreateParams,
+) -> Result<(), Status> {
+    let encrypted = rbd_volume::encryption::is_encrypted(cluster, &source.pool, source.image)
+        .await
+        .map_err(|e| {
+            let status = ceph_status(e);
+            Status::new(
+                status.code(),
+                format!("volume_content_source: {}", status.message()),
+            )
+        })?;
+    rbd_volume::encryption::check_source(
+        &format!("{}/{}", source.pool, source.image),
+        encrypted,
+        params.encryption.as_ref(),
+    )
+    .map_err(|e| Status::invalid_argument(format!("parameters: {e}")))
+}
+
+/// Makes the volume `new` as a clone of `source` (a snapshot or a volume).
+async fn clone_from(
+    ctl: &ControllerService,
+    cluster: &ceph_rbd::Cluster,
+    new: &NewImage<'_>,
+    source: &Located<'_>,
+) -> Result<rbd_volume::Ensured, Status> {
+    let (pool, image) = (source.pool.as_str(), source.image);
+    let from = match &source.content.source {
+        Content::Snapshot(_) => Source::Snapshot { pool, image },
+        Content::Volume(_) => Source::Volume { pool, image },
     };
-    let clone = NewClone::of(new, source, &content.id, &ctl.driver_name);
+    let clone = NewClone::of(new, from, &source.content.id, &ctl.driver_name);
     rbd_volume::clone_volume(cluster, &clone)
         .await
         .map_err(snapshot_status)
@@ -294,11 +357,54 @@ pub(super) async fn delete(
     // first (they keep working).
     let pool = id.pool_spec();
     let claimant = Claimant::image().in_kube_cluster(&ctl.kube_cluster);
+    // Read before the image (and its metadata) goes.
+    let kms_id = rbd_volume::encryption::recorded_kms_id(&cluster, &pool, &id.image)
+        .await
+        .unwrap_or_default();
     rbd_volume::delete_volume(&cluster, &pool, &id.image, &claimant, &ctl.hooks)
         .await
         .map_err(volume_status)?;
     tracing::info!(volume_id, "volume deleted");
+    if let Some(kms_id) = kms_id {
+        remove_key(ctl, &cluster, &pool, &id.image, volume_id, &kms_id).await;
+    }
     Ok(())
+}
+
+/// Removes a deleted volume's key where its KMS keeps it apart from the image. A failure is
+/// logged, not returned: the volume is gone, and a retried delete would no longer know the
+/// entry; the key's Secret is labelled and annotated with its image for a manual clean-up.
+pub(super) async fn remove_key(
+    ctl: &ControllerService,
+    cluster: &ceph_rbd::Cluster,
+    pool: &str,
+    image: &str,
+    volume_id: &str,
+    kms_id: &str,
+) {
+    let removed = match kms_for(&ctl.kms_config, ctl.secrets.clone(), kms_id).await {
+        Ok(kms) if kms.keeps_key_apart() => {
+            let target = rbd_volume::encryption::Target {
+                cluster,
+                pool,
+                image,
+                volume_id,
+                tenant: None,
+            };
+            kms.remove_dek(&target).await.map_err(|e| e.to_string())
+        }
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.message().to_owned()),
+    };
+    if let Err(error) = removed {
+        tracing::warn!(
+            pool,
+            image,
+            kms = kms_id,
+            error,
+            "the deleted volume's key was not removed"
+        );
+    }
 }
 
 pub(super) async fn expand(

@@ -64,6 +64,15 @@ pub struct ClusterView {
     pub watchers: Vec<Watcher>,
 }
 
+/// What a KMS may need to know of the volume besides its image.
+#[derive(Debug, Clone, Copy)]
+pub struct VolumeKeyRef<'a> {
+    /// The CSI volume ID.
+    pub volume_id: &'a str,
+    /// The namespace of the volume's claim, when the volume context has it.
+    pub tenant: Option<&'a str>,
+}
+
 /// Reads a [`ClusterView`] with the caller's key; replaceable in tests that have no cluster.
 #[async_trait::async_trait]
 pub trait ClusterCheck: Send + Sync {
@@ -81,6 +90,7 @@ pub trait ClusterCheck: Send + Sync {
         image: &ImageSpec,
         _key: &Key,
         kms: &dyn Kms,
+        _volume: &VolumeKeyRef<'_>,
     ) -> Result<Option<Dek>, Status> {
         Err(Status::failed_precondition(format!(
             "KMS entry {:?}: no cluster to read the key of image {image} from",
@@ -123,6 +133,7 @@ impl ClusterCheck for CephCheck {
         image: &ImageSpec,
         key: &Key,
         kms: &dyn Kms,
+        volume: &VolumeKeyRef<'_>,
     ) -> Result<Option<Dek>, Status> {
         let cfg = ClusterConfig::new(&image.monitors, &image.user, Secret::new(key.expose()))
             .with_connect_timeout(CONNECT_TIMEOUT)
@@ -133,6 +144,8 @@ impl ClusterCheck for CephCheck {
             cluster: &cluster,
             pool: &pool,
             image: &image.image,
+            volume_id: volume.volume_id,
+            tenant: volume.tenant,
         };
         kms.fetch_dek(&target)
             .await

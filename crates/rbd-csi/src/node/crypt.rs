@@ -74,17 +74,25 @@ pub(super) async fn fetch_dek(
     node: &NodeService,
     params: &StageParams,
     enc: &Encryption,
+    volume_id: &str,
 ) -> Result<Dek, Status> {
     let path = node.config.kms_config.clone();
     let config = blocking(move || {
         encryption::KmsConfig::load(&path).map_err(|e| Status::failed_precondition(e.to_string()))
     })
     .await?;
-    let kms = config.kms(&enc.kms_id).map_err(|e| {
-        Status::invalid_argument(format!("volume_context.{}: {e}", encryption::PARAM_KMS_ID))
-    })?;
+    let kms = config
+        .with_secrets(node.config.secrets.clone())
+        .kms(&enc.kms_id)
+        .map_err(|e| {
+            Status::invalid_argument(format!("volume_context.{}: {e}", encryption::PARAM_KMS_ID))
+        })?;
+    let volume = super::access::VolumeKeyRef {
+        volume_id,
+        tenant: enc.tenant.as_deref(),
+    };
     node.cluster
-        .fetch_dek(&params.image, &params.key, kms.as_ref())
+        .fetch_dek(&params.image, &params.key, kms.as_ref(), &volume)
         .await?
         .ok_or_else(|| {
             Status::failed_precondition(format!(

@@ -55,6 +55,8 @@ pub struct NodeConfig {
     /// The KMS configuration of encrypted volumes (ceph-csi's `config.json`), read when an
     /// encrypted volume is staged.
     pub kms_config: PathBuf,
+    /// Kubernetes Secrets for the KMS entries that need them ([`crate::CsiConfig::secrets`]).
+    pub secrets: Option<Arc<dyn rbd_volume::encryption::secrets::SecretStore>>,
 }
 
 /// The Node service.

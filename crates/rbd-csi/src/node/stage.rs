@@ -66,7 +66,7 @@ pub(super) async fn stage(
     let encryption = crypt::settings(&req.volume_context, params.mounter)?;
     // The key first: a volume whose key cannot be had is not mapped at all.
     let dek = match &encryption {
-        Some(enc) => Some(crypt::fetch_dek(node, &params, enc).await?),
+        Some(enc) => Some(crypt::fetch_dek(node, &params, enc, volume_id).await?),
         None => None,
     };
     let crypt_name = encryption.as_ref().map(|_| crypt::mapper_name(volume_id));

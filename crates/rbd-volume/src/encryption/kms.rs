@@ -6,18 +6,24 @@
 //! | `encryptionKMSType` | the DEK is kept |
 //! | --- | --- |
 //! | `metadata` (without `secretName`) | in the image's metadata ([`META_DEK`]), as it is: for clusters whose Ceph access is trusted |
+//! | `metadata` with `secretName` (and `secretNamespace`) | in the image's metadata, wrapped with a key-encryption key from a Kubernetes Secret ([`super::secrets_metadata`]) |
+//! | `kubernetes-secret` (with `secretNamespace`) | in a Kubernetes Secret of its own per volume ([`super::secret_per_volume`]) |
 //!
-//! Other types (Vault, cloud KMSs, ceph-csi's `metadata` with `secretName`) are refused with an
-//! error naming the entry; a new one implements [`Kms`].
+//! Other types (Vault, cloud KMSs) are refused with an error naming the entry; a new one
+//! implements [`Kms`].
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 
 use ceph_rbd::Cluster;
 
 use super::EncryptionError;
+use super::secret_per_volume::SecretPerVolumeKms;
+use super::secrets::SecretStore;
+use super::secrets_metadata::SecretsMetadataKms;
 
 /// Image metadata: the DEK of the `metadata` KMS (ceph-csi's key).
 pub const META_DEK: &str = "rbd.csi.ceph.com/dek";
@@ -61,8 +67,21 @@ impl fmt::Debug for Dek {
 #[derive(Clone, Copy)]
 pub struct Target<'a> {
     pub cluster: &'a Cluster,
+    /// The pool spec (`pool` or `pool/namespace`).
     pub pool: &'a str,
     pub image: &'a str,
+    /// The volume's CSI ID (ceph-csi's salt of a wrapped key).
+    pub volume_id: &'a str,
+    /// The namespace of the volume's claim, when known (ceph-csi's default `secretNamespace`).
+    pub tenant: Option<&'a str>,
+}
+
+impl Target<'_> {
+    /// `pool/image`, for messages.
+    #[must_use]
+    pub fn spec(&self) -> String {
+        format!("{}/{}", self.pool, self.image)
+    }
 }
 
 /// A key management service: keeps one DEK per volume.
@@ -77,6 +96,10 @@ pub trait Kms: Send + Sync {
     /// Removes the volume's DEK when the volume is deleted (nothing to do for a KMS that keeps
     /// it with the image).
     async fn remove_dek(&self, target: &Target<'_>) -> Result<(), EncryptionError>;
+    /// Whether the key lives outside the image, so that deleting the volume must remove it.
+    fn keeps_key_apart(&self) -> bool {
+        false
+    }
 }
 
 /// The `metadata` KMS: the DEK in the image's own metadata. Whoever can read the image's
@@ -99,12 +122,12 @@ impl Kms for MetadataKms {
             .await
             .map_err(|source| self.ceph(source))?;
         match value {
-            Some(v) if v.trim_start().starts_with('{') => Err(EncryptionError::Kms {
+            Some(v) if super::wrap::is_wrapped(&v) => Err(EncryptionError::Kms {
                 id: self.id.clone(),
                 problem: format!(
-                    "image {}/{} holds a wrapped key (ceph-csi's metadata KMS with a \
-                     secretName), which this entry cannot unwrap",
-                    target.pool, target.image
+                    "image {} holds a wrapped key (ceph-csi's metadata KMS with a secretName), \
+                     which this entry (no secretName) cannot unwrap",
+                    target.spec()
                 ),
             }),
             Some(v) if !v.is_empty() => Ok(Some(Dek(v))),
@@ -140,6 +163,7 @@ impl MetadataKms {
 pub struct KmsConfig {
     path: String,
     entries: BTreeMap<String, serde_json::Value>,
+    secrets: Option<Arc<dyn SecretStore>>,
 }
 
 impl KmsConfig {
@@ -175,7 +199,15 @@ impl KmsConfig {
         Ok(KmsConfig {
             path: path.to_owned(),
             entries,
+            secrets: None,
         })
+    }
+
+    /// The Kubernetes Secrets the entries that keep keys in (or behind) Secrets use.
+    #[must_use]
+    pub fn with_secrets(mut self, secrets: Option<Arc<dyn SecretStore>>) -> KmsConfig {
+        self.secrets = secrets;
+        self
     }
 
     /// The KMS of entry `id`.
@@ -200,18 +232,47 @@ impl KmsConfig {
             .get("encryptionKMSType")
             .and_then(serde_json::Value::as_str)
             .ok_or_else(|| problem("encryptionKMSType is missing or not a string".to_owned()))?;
-        match kind {
-            "metadata" if entry.get("secretName").is_none() => {
-                Ok(Box::new(MetadataKms { id: id.to_owned() }))
+        let option = |name: &str| -> Result<Option<String>, EncryptionError> {
+            match entry.get(name) {
+                None => Ok(None),
+                Some(serde_json::Value::String(v)) if !v.trim().is_empty() => {
+                    Ok(Some(v.trim().to_owned()))
+                }
+                Some(_) => Err(problem(format!("{name} is not a non-empty string"))),
             }
-            "metadata" => Err(problem(
-                "encryptionKMSType \"metadata\" with secretName (a key-encryption key from a \
-                 Secret) is not provided yet"
-                    .to_owned(),
-            )),
+        };
+        let secrets = || {
+            self.secrets.clone().ok_or_else(|| {
+                problem(format!(
+                    "encryptionKMSType {kind:?} reads Kubernetes Secrets, and this process has \
+                     no Kubernetes API access (give it a kubeconfig or run it in a pod)"
+                ))
+            })
+        };
+        match kind {
+            "metadata" => match option("secretName")? {
+                None => Ok(Box::new(MetadataKms { id: id.to_owned() })),
+                Some(secret_name) => Ok(Box::new(SecretsMetadataKms::new(
+                    id,
+                    secret_name,
+                    option("secretNamespace")?,
+                    secrets()?,
+                ))),
+            },
+            super::secret_per_volume::KMS_TYPE => {
+                let namespace = option("secretNamespace")?.ok_or_else(|| {
+                    problem(
+                        "secretNamespace is required: the namespace the volumes' key Secrets \
+                         are kept in"
+                            .to_owned(),
+                    )
+                })?;
+                Ok(Box::new(SecretPerVolumeKms::new(id, namespace, secrets()?)))
+            }
             other => Err(problem(format!(
                 "encryptionKMSType {other:?} is not provided by this driver (provided: \
-                 \"metadata\")"
+                 \"metadata\", \"{}\"; Vault and cloud KMSs are not)",
+                super::secret_per_volume::KMS_TYPE
             ))),
         }
     }

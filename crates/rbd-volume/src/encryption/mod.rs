@@ -6,21 +6,31 @@
 //! LUKS2 on the mapped device on the first stage.
 //!
 //! - [`parameters`]: the class parameters (also the volume context the node reads);
-//! - [`kms`]: the KMS configuration and the [`kms::Kms`] trait with its implementations;
-//! - [`prepare`]: the create-time step both front doors call after the image exists.
+//! - [`kms`]: the KMS configuration and the [`kms::Kms`] trait; its implementations
+//!   [`kms::MetadataKms`], [`secrets_metadata`] (a DEK wrapped as ceph-csi wraps it, [`wrap`])
+//!   and [`secret_per_volume`], the last two reading Kubernetes Secrets through [`secrets`];
+//! - [`prepare`]: the create-time step both front doors call after the image exists;
+//!   [`check_source`]: a restore or clone keeps its source's encryption.
 //!
 //! Image metadata (ceph-csi's keys): [`META_ENCRYPTED`] says the volume is encrypted
-//! (`encryptionPrepared` once the DEK is stored); the `metadata` KMS keeps the DEK in
-//! [`kms::META_DEK`]. A clone or a restore copies the image metadata of its source, so it gets
-//! its own copy of the source's DEK, as it must: it shares the source's data and LUKS header.
+//! (`encryptionPrepared` once the DEK is stored); the `metadata` KMSs keep the DEK in
+//! [`kms::META_DEK`]; [`META_KMS_ID`] (this driver's) names the KMS entry, so that a delete can
+//! remove a key kept apart from the image. A clone or a restore copies the image metadata of its
+//! source, so with the `metadata` KMSs it gets its own copy of the source's DEK, as it must: it
+//! shares the source's data and LUKS header. With a KMS that keeps keys apart, [`prepare`]
+//! copies the source's key.
 
 pub mod kms;
+pub mod secret_per_volume;
+pub mod secrets;
+pub mod secrets_metadata;
+pub mod wrap;
 
 use std::collections::HashMap;
 
 use ceph_rbd::Cluster;
 
-pub use kms::{Dek, Kms, KmsConfig};
+pub use kms::{Dek, Kms, KmsConfig, Target};
 
 /// Class parameter (and volume context key): `"true"` for an encrypted volume.
 pub const PARAM_ENCRYPTED: &str = "encrypted";
@@ -28,13 +38,18 @@ pub const PARAM_ENCRYPTED: &str = "encrypted";
 pub const PARAM_TYPE: &str = "encryptionType";
 /// Class parameter: the entry of the KMS configuration that keeps the volume's DEK.
 pub const PARAM_KMS_ID: &str = "encryptionKMSID";
+/// The claim's namespace (the external-provisioner's `--extra-create-metadata`; ceph-csi's
+/// "tenant", the default `secretNamespace` of its `metadata` KMS).
+pub const PARAM_TENANT: &str = "csi.storage.k8s.io/pvc/namespace";
 /// The volume context keys the node needs, copied from the class parameters.
-pub const CONTEXT_KEYS: &[&str] = &[PARAM_ENCRYPTED, PARAM_TYPE, PARAM_KMS_ID];
+pub const CONTEXT_KEYS: &[&str] = &[PARAM_ENCRYPTED, PARAM_TYPE, PARAM_KMS_ID, PARAM_TENANT];
 
 /// Image metadata: the volume's encryption state (ceph-csi's key).
 pub const META_ENCRYPTED: &str = "rbd.csi.ceph.com/encrypted";
 /// [`META_ENCRYPTED`]: the DEK is stored, the LUKS header not necessarily written yet.
 pub const ENCRYPTION_PREPARED: &str = "encryptionPrepared";
+/// Image metadata: the KMS entry (`encryptionKMSID`) keeping the volume's DEK.
+pub const META_KMS_ID: &str = "provisioner.ceph.com/encryption-kms-id";
 
 /// Where ceph-csi's deployments mount the KMS configuration.
 pub const DEFAULT_KMS_CONFIG: &str = "/etc/ceph-csi-encryption-kms-config/config.json";
@@ -44,6 +59,8 @@ pub const DEFAULT_KMS_CONFIG: &str = "/etc/ceph-csi-encryption-kms-config/config
 pub struct Encryption {
     /// The KMS configuration entry (`encryptionKMSID`).
     pub kms_id: String,
+    /// The claim's namespace, when known ([`PARAM_TENANT`]).
+    pub tenant: Option<String>,
 }
 
 /// Errors of encrypted volumes. None carries a key.
@@ -128,62 +145,173 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<Option<Encryption>
         })?;
     Ok(Some(Encryption {
         kms_id: kms_id.to_owned(),
+        tenant: params
+            .get(PARAM_TENANT)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty()),
     }))
 }
 
 /// The volume context entries of an encrypted volume (what the node needs from the class).
 #[must_use]
 pub fn context(encryption: &Encryption) -> Vec<(String, String)> {
-    vec![
+    let mut context = vec![
         (PARAM_ENCRYPTED.to_owned(), "true".to_owned()),
         (PARAM_TYPE.to_owned(), "block".to_owned()),
         (PARAM_KMS_ID.to_owned(), encryption.kms_id.clone()),
-    ]
+    ];
+    if let Some(tenant) = &encryption.tenant {
+        context.push((PARAM_TENANT.to_owned(), tenant.clone()));
+    }
+    context
 }
 
-/// The create-time step of an encrypted volume, after its image exists: a DEK made and stored
-/// through the KMS unless one is stored already (a retried create, a clone or a restore, which
-/// carry their source's), and the image marked [`ENCRYPTION_PREPARED`]. Idempotent.
+/// The built-in provisioner's answer to a class with encryption parameters (keys compared
+/// without case, as its parameters are): a refusal naming the parameter. Its in-tree `rbd` PVs
+/// cannot carry encryption (the in-tree volume source has no such field, and the kubelet's
+/// in-tree plugin would mount the ciphertext), and it does not make encrypted CSI PVs; the CSI
+/// controller does.
+#[must_use]
+pub fn builtin_provisioner_refusal<'a>(
+    keys: impl IntoIterator<Item = &'a String>,
+) -> Option<String> {
+    let key = keys.into_iter().find(|k| {
+        [PARAM_ENCRYPTED, PARAM_TYPE, PARAM_KMS_ID]
+            .iter()
+            .any(|p| k.eq_ignore_ascii_case(p))
+    })?;
+    Some(format!(
+        "StorageClass parameter {key:?}: encrypted volumes are made by the CSI controller \
+         (`rbd-provisioner csi` behind the external-provisioner, a class whose provisioner is \
+         the CSI driver's name), not by the built-in provisioner: the in-tree rbd PVs it makes \
+         cannot carry encryption, and it does not make encrypted CSI PVs"
+    ))
+}
+
+/// A restore or a clone shares its source's data, so it must be encrypted exactly when its
+/// source is: an encrypted source's data is ciphertext only its key opens; an unencrypted
+/// source's data has no LUKS header to open.
 ///
 /// # Errors
-/// The KMS's errors, naming its entry.
-pub async fn prepare(
+/// [`EncryptionError::Parameter`] naming `encrypted` and the source.
+pub fn check_source(
+    source: &str,
+    source_encrypted: bool,
+    class: Option<&Encryption>,
+) -> Result<(), EncryptionError> {
+    match (source_encrypted, class) {
+        (true, None) => Err(parameter(
+            PARAM_ENCRYPTED,
+            format!(
+                "the source {source} is encrypted and the class is not: a restore or clone of \
+                 an encrypted volume needs a class with encrypted: \"true\" (and a KMS entry \
+                 that holds the source's key)"
+            ),
+        )),
+        (false, Some(_)) => Err(parameter(
+            PARAM_ENCRYPTED,
+            format!(
+                "the class is encrypted and the source {source} is not: its data has no LUKS \
+                 header, so it cannot become an encrypted volume; use a class without \
+                 encryption"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Whether image `pool/image` is an encrypted volume (or a snapshot of one): it has
+/// [`META_ENCRYPTED`].
+///
+/// # Errors
+/// Reading its metadata.
+pub async fn is_encrypted(
     cluster: &Cluster,
     pool: &str,
     image: &str,
+) -> Result<bool, ceph_rbd::Error> {
+    Ok(cluster
+        .metadata_get(pool, image, META_ENCRYPTED)
+        .await?
+        .is_some_and(|v| !v.trim().is_empty()))
+}
+
+/// The KMS entry recorded on image `pool/image` ([`META_KMS_ID`]), if any.
+///
+/// # Errors
+/// Reading its metadata.
+pub async fn recorded_kms_id(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+) -> Result<Option<String>, ceph_rbd::Error> {
+    Ok(cluster
+        .metadata_get(pool, image, META_KMS_ID)
+        .await?
+        .filter(|v| !v.trim().is_empty()))
+}
+
+/// The create-time step of an encrypted volume, after its image exists: unless a DEK is stored
+/// already (a retried create, or a restore or clone that copied its source's with the image
+/// metadata), the source's DEK (a restore or a clone: `source`) or else a new one is stored
+/// through the KMS; then the image is marked [`ENCRYPTION_PREPARED`] and [`META_KMS_ID`].
+/// Idempotent.
+///
+/// # Errors
+/// The KMS's errors, naming its entry; a source with no key.
+pub async fn prepare(
+    target: &Target<'_>,
     kms: &dyn Kms,
+    source: Option<&Target<'_>>,
 ) -> Result<(), EncryptionError> {
-    let target = kms::Target {
-        cluster,
-        pool,
-        image,
-    };
-    if kms.fetch_dek(&target).await?.is_none() {
-        kms.store_dek(
-            &target,
-            &Dek::generate().map_err(|e| EncryptionError::Kms {
+    let cluster = target.cluster;
+    let (pool, image) = (target.pool, target.image);
+    if kms.fetch_dek(target).await?.is_none() {
+        let dek = match source {
+            Some(source) => kms
+                .fetch_dek(source)
+                .await?
+                .ok_or_else(|| EncryptionError::Kms {
+                    id: kms.id().to_owned(),
+                    problem: format!(
+                        "holds no key for the source {} (was it made with another KMS entry?)",
+                        source.spec()
+                    ),
+                })?,
+            None => Dek::generate().map_err(|e| EncryptionError::Kms {
                 id: kms.id().to_owned(),
                 problem: format!("generating a key: {e}"),
             })?,
-        )
-        .await?;
-        tracing::info!(pool, image, kms = kms.id(), "volume key made and stored");
+        };
+        kms.store_dek(target, &dek).await?;
+        tracing::info!(
+            pool,
+            image,
+            kms = kms.id(),
+            copied = source.is_some(),
+            "volume key stored"
+        );
     }
-    let marked = cluster
-        .metadata_get(pool, image, META_ENCRYPTED)
-        .await
-        .map_err(|source| EncryptionError::Ceph {
-            id: kms.id().to_owned(),
-            source,
-        })?;
-    if marked.is_none() {
+    let ceph = |source| EncryptionError::Ceph {
+        id: kms.id().to_owned(),
+        source,
+    };
+    if !is_encrypted(cluster, pool, image).await.map_err(ceph)? {
         cluster
             .metadata_set(pool, image, META_ENCRYPTED, ENCRYPTION_PREPARED)
             .await
-            .map_err(|source| EncryptionError::Ceph {
-                id: kms.id().to_owned(),
-                source,
-            })?;
+            .map_err(ceph)?;
+    }
+    if recorded_kms_id(cluster, pool, image)
+        .await
+        .map_err(ceph)?
+        .as_deref()
+        != Some(kms.id())
+    {
+        cluster
+            .metadata_set(pool, image, META_KMS_ID, kms.id())
+            .await
+            .map_err(ceph)?;
     }
     Ok(())
 }
@@ -207,9 +335,23 @@ mod tests {
         assert_eq!(
             on.ok(),
             Some(Some(Encryption {
-                kms_id: "m".to_owned()
+                kms_id: "m".to_owned(),
+                tenant: None,
             }))
         );
+    }
+
+    #[test]
+    fn the_builtin_provisioner_refuses_encryption_parameters_by_name() {
+        let keys = ["pool".to_owned(), "EncryptionKMSID".to_owned()];
+        let refusal = builtin_provisioner_refusal(&keys);
+        assert!(
+            refusal
+                .as_deref()
+                .is_some_and(|r| r.starts_with("StorageClass parameter \"EncryptionKMSID\":")),
+            "{refusal:?}"
+        );
+        assert_eq!(builtin_provisioner_refusal(&["pool".to_owned()]), None);
     }
 
     #[test]
