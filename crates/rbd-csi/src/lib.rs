@@ -29,6 +29,7 @@ pub mod exec;
 pub mod fs;
 pub mod h2_authority;
 pub mod identity;
+pub mod kube_secrets;
 pub mod locks;
 pub mod mapper;
 pub mod mount;

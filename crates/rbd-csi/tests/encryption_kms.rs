@@ -14,10 +14,10 @@ use common::{TestServer, mount_cap};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{ObjectMeta, PostParams};
+use rbd_csi::kube_secrets::KubeSecrets;
 use rbd_csi::proto::csi;
 use rbd_csi::{ProbeCluster, Services};
 use rbd_volume::encryption::secret_per_volume;
-use rbd_volume::encryption::secrets::KubeSecrets;
 use tonic::Code;
 
 const KMS_NAMESPACE: &str = "kms";
