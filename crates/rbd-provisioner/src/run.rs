@@ -112,13 +112,10 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
     }
 
     let config_backoff = config.backoff;
-    let snapshotter = crate::snapshotter::task(
+    let snapshotter = provisioner::snapshot::task(
+        client.clone(),
         backend.clone(),
-        crate::snapshotter::SnapshotterConfig {
-            workers: args.workers.max(1),
-            identity: identity.clone(),
-            ..Default::default()
-        },
+        crate::snapshotter::controller_config(args.workers.max(1), &identity),
     );
     let (claims_seen, protection) = crate::protection::controller(client.clone(), config_backoff);
     let attacher = args.attacher.then(|| {
