@@ -61,7 +61,7 @@ async fn run(client: Client, queue: WorkQueue<Key>) {
         tasks.spawn(async move {
             while let Some(key) = queue.get().await {
                 let (ns, source) = &key;
-                match crate::sources::release_source(&client, ns, source, None).await {
+                match crate::backend::sources::release_source(&client, ns, source, None).await {
                     Ok(()) => queue.forget(&key),
                     Err(e) => {
                         tracing::warn!(namespace = %ns, source = source.name(), error = %e, "releasing a protection finalizer failed; retrying");
@@ -83,7 +83,7 @@ async fn run(client: Client, queue: WorkQueue<Key>) {
 async fn watch_snapshots(client: Client, queue: WorkQueue<Key>) {
     let api: Api<DynamicObject> = Api::all_with(
         client,
-        &crate::sources::snapshot_resource("VolumeSnapshot", "volumesnapshots"),
+        &crate::backend::sources::snapshot_resource("VolumeSnapshot", "volumesnapshots"),
     );
     while api.list(&ListParams::default().limit(1)).await.is_err() {
         tokio::time::sleep(Duration::from_secs(10)).await;

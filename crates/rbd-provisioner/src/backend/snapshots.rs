@@ -29,7 +29,8 @@ use rbd_csi::volume::VolumeId;
 use rbd_volume::snapshot::{self, SnapshotId, SnapshotOwner};
 
 use crate::backend::RbdBackend;
-use crate::{crashpoint, monitors, secrets};
+use crate::backend::{monitors, secrets};
+use crate::cli::crashpoint;
 
 /// The settings of the content controller for this binary.
 #[must_use]

@@ -30,7 +30,7 @@ use provisioner::data_source::{
 use rbd_volume::snapshot::SnapshotId;
 use serde_json::{Value, json};
 
-use crate::pv_build::{ImageLocation, image_location};
+use crate::backend::pv_build::{ImageLocation, image_location};
 
 /// `snapshot.storage.kubernetes.io/allow-volume-mode-change` on a content: restores may
 /// change the volume mode.
