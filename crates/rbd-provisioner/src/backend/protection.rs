@@ -13,13 +13,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{DynamicObject, ListParams};
+use kube::api::ListParams;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use provisioner::data_source::{
     CLONE_SOURCE_FINALIZER, DataSource, SNAPSHOT_SOURCE_FINALIZER, data_source,
 };
 use provisioner::queue::{Backoff, WorkQueue};
+use provisioner::snapshot::VolumeSnapshot;
 
 type Key = (String, DataSource);
 
@@ -81,10 +82,7 @@ async fn run(client: Client, queue: WorkQueue<Key>) {
 
 /// VolumeSnapshots carrying our finalizer, once the snapshot API exists.
 async fn watch_snapshots(client: Client, queue: WorkQueue<Key>) {
-    let api: Api<DynamicObject> = Api::all_with(
-        client,
-        &crate::backend::sources::snapshot_resource("VolumeSnapshot", "volumesnapshots"),
-    );
+    let api: Api<VolumeSnapshot> = Api::all(client);
     while api.list(&ListParams::default().limit(1)).await.is_err() {
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
