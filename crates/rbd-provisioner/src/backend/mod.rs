@@ -5,7 +5,6 @@ pub mod claim;
 pub mod image;
 pub mod monitors;
 pub mod params;
-pub mod protection;
 pub mod pv_build;
 pub mod rbd;
 pub mod secrets;

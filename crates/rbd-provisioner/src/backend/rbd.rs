@@ -297,7 +297,7 @@ impl RbdBackend {
                 image: source_image,
             }
         };
-        crate::backend::sources::protect(&self.client, ns, source)
+        provisioner::data_source::protection::protect(&self.client, ns, &source.data_source())
             .await
             .map_err(ProvisionError::final_error)?;
         let clone = NewClone::of(new, source_ref, &source_id, &self.config.csi_driver);

@@ -17,18 +17,15 @@
 //!
 //! The source holds `provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection`
 //! (snapshot) or `.../cloning-protection` (claim) from before the clone until no Pending claim
-//! uses it any more.
+//! uses it any more ([`provisioner::data_source::protection`]).
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, Resource, ResourceExt};
-use provisioner::data_source::{
-    CLONE_SOURCE_FINALIZER, DataSource, SNAPSHOT_SOURCE_FINALIZER, data_source,
-};
+use kube::api::Api;
+use kube::{Client, ResourceExt};
+use provisioner::data_source::{DataSource, data_source};
 pub use provisioner::snapshot::ANN_ALLOW_MODE_CHANGE;
 use provisioner::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use rbd_volume::snapshot::SnapshotId;
-use serde_json::json;
 
 use crate::backend::pv_build::{ImageLocation, image_location};
 
@@ -50,6 +47,17 @@ pub enum Resolved {
         claim: String,
         location: ImageLocation,
     },
+}
+
+impl Resolved {
+    /// The source as the claim names it (for its protection finalizer).
+    #[must_use]
+    pub fn data_source(&self) -> DataSource {
+        match self {
+            Resolved::Snapshot { vs, .. } => DataSource::Snapshot(vs.clone()),
+            Resolved::Volume { claim, .. } => DataSource::Claim(claim.clone()),
+        }
+    }
 }
 
 fn volume_mode(claim: &PersistentVolumeClaim) -> &str {
@@ -329,124 +337,10 @@ pub fn check_source_volume(
     })
 }
 
-/// Adds `finalizer` to an object (merge patch of the whole list, preconditioned on the
-/// resourceVersion read); nothing when it is there.
-async fn add_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), kube::Error>
-where
-    K: Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let object = api.get(name).await?;
-    let mut list = object.meta().finalizers.clone().unwrap_or_default();
-    if list.iter().any(|f| f == finalizer) {
-        return Ok(());
-    }
-    list.push(finalizer.to_owned());
-    let patch = json!({"metadata": {
-        "finalizers": list,
-        "resourceVersion": object.meta().resource_version,
-    }});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(drop)
-}
-
-async fn remove_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), kube::Error>
-where
-    K: Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let object = match api.get_opt(name).await {
-        Ok(Some(object)) => object,
-        Ok(None) => return Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let list = object.meta().finalizers.clone().unwrap_or_default();
-    if !list.iter().any(|f| f == finalizer) {
-        return Ok(());
-    }
-    let kept: Vec<&String> = list.iter().filter(|f| *f != finalizer).collect();
-    let patch = json!({"metadata": {
-        "finalizers": kept,
-        "resourceVersion": object.meta().resource_version,
-    }});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(drop)
-}
-
-/// Puts the protection finalizer on the source before it is used.
-///
-/// # Errors
-/// API errors, as a message naming the source.
-pub async fn protect(client: &Client, ns: &str, source: &Resolved) -> Result<(), String> {
-    match source {
-        Resolved::Snapshot { vs, .. } => add_finalizer(
-            &snapshots(client, ns),
-            vs,
-            SNAPSHOT_SOURCE_FINALIZER,
-        )
-        .await
-        .map_err(|e| {
-            format!("adding finalizer {SNAPSHOT_SOURCE_FINALIZER} to VolumeSnapshot {ns}/{vs}: {e}")
-        }),
-        Resolved::Volume { claim, .. } => {
-            let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-            add_finalizer(&api, claim, CLONE_SOURCE_FINALIZER)
-                .await
-                .map_err(|e| format!("adding finalizer {CLONE_SOURCE_FINALIZER} to PersistentVolumeClaim {ns}/{claim}: {e}"))
-        }
-    }
-}
-
-/// Whether a claim other than `except` (uid) that is not Bound yet uses `source`.
-async fn still_used(
-    client: &Client,
-    ns: &str,
-    source: &DataSource,
-    except: &str,
-) -> Result<bool, kube::Error> {
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    let claims = api.list(&ListParams::default()).await?;
-    Ok(claims.items.iter().any(|c| {
-        c.metadata.uid.as_deref() != Some(except)
-            && c.metadata.deletion_timestamp.is_none()
-            && c.status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .unwrap_or("Pending")
-                == "Pending"
-            && data_source(c).ok().flatten().as_ref() == Some(source)
-    }))
-}
-
-/// Drops the protection finalizer from `source` in `ns` when no Pending claim (other than the
-/// one with uid `except`) uses it.
-///
-/// # Errors
-/// API errors.
-pub async fn release_source(
-    client: &Client,
-    ns: &str,
-    source: &DataSource,
-    except: Option<&str>,
-) -> Result<(), kube::Error> {
-    if still_used(client, ns, source, except.unwrap_or_default()).await? {
-        return Ok(());
-    }
-    match source {
-        DataSource::Snapshot(vs) => {
-            remove_finalizer(&snapshots(client, ns), vs, SNAPSHOT_SOURCE_FINALIZER).await
-        }
-        DataSource::Claim(name) => {
-            let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-            remove_finalizer(&api, name, CLONE_SOURCE_FINALIZER).await
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const DRIVERS: [&str; 2] = ["rbd.provisioner.ceph.io", "ceph.com/rbd"];
     const HANDLE: &str = "s1/10.0.0.1:6789/rbd/csi-snap-0123456789abcdef0123456789abcdef";

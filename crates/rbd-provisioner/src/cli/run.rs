@@ -118,7 +118,7 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         crate::backend::snapshots::controller_config(args.workers.max(1), &identity),
     );
     let (claims_seen, protection) =
-        crate::backend::protection::controller(client.clone(), config_backoff);
+        provisioner::data_source::protection::controller(client.clone(), config_backoff);
     let attacher = args.attacher.then(|| {
         crate::backend::attacher::task(
             backend.clone(),
