@@ -5,8 +5,13 @@
 //! Cross-namespace sources (`dataSourceRef.namespace` other than the claim's) need the alpha
 //! gate `CrossNamespaceVolumeDataSource` and a `ReferenceGrant` upstream; they are refused here.
 //! Other kinds (volume populators) are refused too: this provisioner populates nothing else.
+//!
+//! [`protection`] holds external-provisioner's protection finalizers on a source while a claim
+//! is made from it.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+
+pub mod protection;
 
 /// API group of VolumeSnapshots.
 pub const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";

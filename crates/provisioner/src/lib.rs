@@ -7,6 +7,9 @@
 //! claims, volumes and classes, a de-duplicating work queue with per-key backoff, the
 //! provision / delete / expand flows, [`events`], [`metrics`] and [`leader`] election.
 //!
+//! Snapshots: [`snapshot`] holds a VolumeSnapshotContent controller generic over a
+//! [`snapshot::Snapshotter`] backend, and the typed snapshot resources.
+//!
 //! Pure decisions live in [`ownership`] (is this claim ours?), [`pv`] (finish a PV, should this
 //! PV be deleted?), [`resize`] (does this claim need expansion?) and [`quantity`].
 
@@ -27,6 +30,7 @@ pub mod pv;
 pub mod quantity;
 pub mod queue;
 pub mod resize;
+pub mod snapshot;
 pub mod volume;
 
 pub use config::Config;

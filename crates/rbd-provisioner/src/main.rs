@@ -2,8 +2,8 @@
 
 use tracing_subscriber::EnvFilter;
 
-use rbd_provisioner::cli::{self, Cli, Command, LogArgs, LogFormat};
-use rbd_provisioner::{csi, exit, gc, migrate, run};
+use rbd_provisioner::cli::{self, Cli, Command, LogArgs, LogFormat, csi, exit, run};
+use rbd_provisioner::commands::{gc, migrate};
 
 fn init_logging(log: &LogArgs) {
     let level = match log.verbosity {

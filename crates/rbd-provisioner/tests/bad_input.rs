@@ -18,7 +18,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
-use rbd_provisioner::{claim, params, secrets};
+use rbd_provisioner::backend::{claim, params, secrets};
 use serde_json::json;
 
 /// Every key the parser knows, in canonical spelling.

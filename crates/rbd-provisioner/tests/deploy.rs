@@ -255,7 +255,7 @@ fn the_clusters_component_mounts_the_config_the_flag_names_and_its_classes_parse
     for class in &classes {
         let params: std::collections::BTreeMap<String, String> =
             serde_yaml::from_value(class["parameters"].clone()).unwrap();
-        let parsed = rbd_provisioner::params::Parameters::parse(&params)
+        let parsed = rbd_provisioner::backend::params::Parameters::parse(&params)
             .unwrap_or_else(|e| panic!("{:?}: {e}", class["metadata"]["name"]));
         let id = parsed.cluster_id.expect("clusterID");
         assert!(config.lookup(&id).is_ok(), "{id}");
@@ -274,7 +274,7 @@ fn the_tenant_example_gives_a_tenant_its_namespace_user_and_secret() {
     let mut params: std::collections::BTreeMap<String, String> =
         serde_yaml::from_value(class["parameters"].clone()).unwrap();
     params.insert("monitors".into(), "10.0.0.1:3300".into());
-    let parsed = rbd_provisioner::params::Parameters::parse(&params).unwrap();
+    let parsed = rbd_provisioner::backend::params::Parameters::parse(&params).unwrap();
     assert_eq!(parsed.rados_namespace.as_deref(), Some("team-a"));
     assert_eq!(parsed.user_id, "team-a");
     assert_eq!(parsed.user_secret_namespace.as_deref(), Some("team-a"));

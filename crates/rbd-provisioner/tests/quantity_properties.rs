@@ -11,7 +11,7 @@
 //! sizing code is tested. `PROPTEST_CASES=N` for more cases.
 
 #[allow(dead_code)]
-#[path = "../src/claim.rs"]
+#[path = "../src/backend/claim.rs"]
 mod claim;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};

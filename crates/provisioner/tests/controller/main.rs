@@ -10,3 +10,4 @@ mod failures;
 mod leader;
 mod modify;
 mod provision;
+mod snapshots;

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner::volume::{ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE};
 use rbd_csi::volume::{VolumeId, context};
 
-use crate::pv_build::{ANN_ADMIN_ID, ANN_LEGACY_IDENTITY};
+use crate::backend::pv_build::{ANN_ADMIN_ID, ANN_LEGACY_IDENTITY};
 
 /// Annotation on a migrated PV: the volume source it had before (`rbd`).
 pub const ANN_MIGRATED_FROM: &str = "provisioner.ceph.com/migrated-from";
@@ -217,7 +217,7 @@ pub fn replacement(
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(crate::pv_build::ANN_CLUSTER_ID))
+        .and_then(|a| a.get(crate::backend::pv_build::ANN_CLUSTER_ID))
         .filter(|id| !id.is_empty());
     let cluster = match cluster_id {
         Some(id) => rbd_volume::ClusterRef::Named(id.clone()),
@@ -235,7 +235,10 @@ pub fn replacement(
         (context::USER.to_string(), legacy.user.clone()),
     ]);
     if let Some(id) = cluster_id {
-        attributes.insert(crate::pv_build::ATTR_CLUSTER_ID.to_string(), id.clone());
+        attributes.insert(
+            crate::backend::pv_build::ATTR_CLUSTER_ID.to_string(),
+            id.clone(),
+        );
     }
     spec.csi = Some(CSIPersistentVolumeSource {
         driver: driver.to_string(),
@@ -412,12 +415,10 @@ mod tests {
 
         // made through a clusterID: the handle names the cluster
         let mut named = old.clone();
-        named
-            .metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .insert(crate::pv_build::ANN_CLUSTER_ID.into(), "site-a".into());
+        named.metadata.annotations.as_mut().unwrap().insert(
+            crate::backend::pv_build::ANN_CLUSTER_ID.into(),
+            "site-a".into(),
+        );
         let by_name = replacement(
             &named,
             &l,

@@ -23,9 +23,9 @@ use serde_json::json;
 
 use super::plan::{self, AdminAccess, Legacy, SecretName};
 use super::{Outcome, Row, record_name};
-use crate::crashpoint;
-use crate::image::{Owner, Ownership, ownership};
-use crate::params::Parameters;
+use crate::backend::image::{Owner, Ownership, ownership};
+use crate::backend::params::Parameters;
+use crate::cli::crashpoint;
 
 /// Label on migration records.
 pub const RECORD_LABEL: &str = "provisioner.ceph.com/migration-record";
@@ -296,7 +296,7 @@ async fn migrate_legacy(
         }
     }
     // the node-stage secret must be readable and hold a key (its value is never shown)
-    let user_key = match crate::secrets::read_key(
+    let user_key = match crate::backend::secrets::read_key(
         &ctx.client,
         &legacy.user_secret.namespace,
         &legacy.user_secret.name,
@@ -314,14 +314,20 @@ async fn migrate_legacy(
     let admin = admin_for(ctx, &pv).await;
     let (ceph_user, key) = match &admin {
         Some(a) => {
-            match crate::secrets::read_key(&ctx.client, &a.secret.namespace, &a.secret.name).await {
+            match crate::backend::secrets::read_key(
+                &ctx.client,
+                &a.secret.namespace,
+                &a.secret.name,
+            )
+            .await
+            {
                 Ok(k) => (a.user.clone(), k),
                 Err(e) => return Ok(refuse(&row, format!("admin secret: {e}"))),
             }
         }
         None => (legacy.user.clone(), user_key),
     };
-    let monitors = match crate::monitors::resolve(&legacy.monitors).await {
+    let monitors = match crate::backend::monitors::resolve(&legacy.monitors).await {
         Ok(m) => m,
         Err(e) => return Ok(refuse(&row, format!("spec.rbd.monitors: {e}"))),
     };

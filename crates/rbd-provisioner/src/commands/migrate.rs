@@ -66,10 +66,10 @@ pub struct MigrateArgs {
     #[arg(long, default_value = "kube-system")]
     pub record_namespace: String,
     /// Bound for each Ceph operation.
-    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "10s", value_parser = crate::cli::duration::parse)]
     pub command_timeout: Duration,
     /// How long to wait for the old PV object to go and for the claim to be Bound again.
-    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "60s", value_parser = crate::cli::duration::parse)]
     pub wait: Duration,
 }
 
@@ -261,7 +261,7 @@ pub fn render_json(rows: &[Row], dry_run: bool) -> Value {
 
 /// Runs the subcommand: prints the report, fails when any selected PV was refused or failed.
 pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
-    let client = crate::kube_client::client(&args.kube).await?;
+    let client = crate::cli::kube_client::client(&args.kube).await?;
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     let all_volumes = volumes
         .list(&ListParams::default())
@@ -295,7 +295,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
         .await
         .context("reading CSIDriver objects")?
         .is_some();
-    let kube_cluster = crate::kube_client::kube_cluster_id(&client, &args.kube).await?;
+    let kube_cluster = crate::cli::kube_client::kube_cluster_id(&client, &args.kube).await?;
     let ctx = apply::Context {
         client,
         kube_cluster,

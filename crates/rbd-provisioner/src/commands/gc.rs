@@ -47,9 +47,9 @@ use kube::{Api, Client};
 use rbd_volume::snapshot::{SnapshotDeleted, SnapshotOwner, is_internal_image};
 use rbd_volume::{Claimant, ClusterConfigFile, Deleted, Hooks};
 
+use crate::backend::image::{META_CLAIM, META_PROVISIONER, Owner};
+use crate::backend::params::Parameters;
 use crate::cli::KubeArgs;
-use crate::image::{META_CLAIM, META_PROVISIONER, Owner};
-use crate::params::Parameters;
 use rbd_volume::META_KUBE_CLUSTER;
 pub use snapshots::Contents;
 
@@ -71,17 +71,17 @@ pub struct GcArgs {
     #[arg(long)]
     pub delete: bool,
     /// Leave images younger than this alone (their PV may be being saved right now).
-    #[arg(long, default_value = "10m", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "10m", value_parser = crate::cli::duration::parse)]
     pub min_age: Duration,
     /// Also list (and with --delete remove) images named with --image-name-prefix that have no
     /// owner record and that no PV refers to.
     #[arg(long)]
     pub include_unrecorded: bool,
     /// Image name prefix, for --include-unrecorded.
-    #[arg(long, default_value = crate::image::DEFAULT_PREFIX)]
+    #[arg(long, default_value = crate::backend::image::DEFAULT_PREFIX)]
     pub image_name_prefix: String,
     /// Bound for each Ceph operation.
-    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "10s", value_parser = crate::cli::duration::parse)]
     pub command_timeout: Duration,
     /// Cluster config (ceph-csi's `config.json`), for classes that name `clusterID`.
     #[arg(long, env = "CLUSTER_CONFIG")]
@@ -248,7 +248,7 @@ pub fn referenced_images(volumes: &[PersistentVolume]) -> BTreeSet<(String, Stri
             }
             let attrs = csi.volume_attributes.as_ref()?;
             let namespace = attrs
-                .get(crate::pv_build::ATTR_NAMESPACE)
+                .get(crate::backend::pv_build::ATTR_NAMESPACE)
                 .map_or("", String::as_str);
             Some((
                 ceph_rbd::pool_spec(attrs.get("pool")?, namespace),
@@ -259,8 +259,8 @@ pub fn referenced_images(volumes: &[PersistentVolume]) -> BTreeSet<(String, Stri
 }
 
 pub async fn run(args: GcArgs) -> anyhow::Result<()> {
-    let client = crate::kube_client::client(&args.kube).await?;
-    let kube_cluster = crate::kube_client::kube_cluster_id(&client, &args.kube).await?;
+    let client = crate::cli::kube_client::client(&args.kube).await?;
+    let kube_cluster = crate::cli::kube_client::kube_cluster_id(&client, &args.kube).await?;
     let identity = args
         .id
         .clone()
@@ -513,7 +513,7 @@ async fn scan(
         }
         // a cluster named by a class (clusterID) and given by monitors in another is scanned
         // once: the key is the resolved monitors
-        let monitors = crate::monitors::resolve(&monitors).await?;
+        let monitors = crate::backend::monitors::resolve(&monitors).await?;
         let specs: Vec<String> = class_pools
             .iter()
             .map(|pool| ceph_rbd::pool_spec(pool, &namespace))
@@ -522,7 +522,7 @@ async fn scan(
         if specs.is_empty() {
             continue;
         }
-        let key = crate::secrets::read_key(
+        let key = crate::backend::secrets::read_key(
             client,
             &params.admin_secret_namespace,
             &params.admin_secret_name,

@@ -114,7 +114,7 @@ async fn node_topology(
     node: &str,
     labels: &[String],
 ) -> anyhow::Result<BTreeMap<String, String>> {
-    let client = crate::kube_client::client(&args.kube).await?;
+    let client = crate::cli::kube_client::client(&args.kube).await?;
     let api: kube::Api<Node> = kube::Api::all(client);
     let object = api
         .get(node)
@@ -198,7 +198,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         secrets,
     };
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, ceph_client = %ceph_rbd::key::client_version(), "starting CSI driver");
-    rbd_csi::serve(config, crate::run::shutdown_signal()).await?;
+    rbd_csi::serve(config, crate::cli::run::shutdown_signal()).await?;
     Ok(())
 }
 

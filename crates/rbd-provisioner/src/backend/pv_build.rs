@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rbd_csi::volume::VolumeId;
 use rbd_volume::ClusterRef;
 
-use crate::params::{Parameters, PvSource};
+use crate::backend::params::{Parameters, PvSource};
 
 /// Annotation naming the Ceph user whose key is in the deletion secret (delete needs it
 /// without the StorageClass).

@@ -6,7 +6,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::cli::KubeArgs;
-use crate::throttle::ThrottleLayer;
+use crate::cli::throttle::ThrottleLayer;
 
 /// `User-Agent` of every API request.
 pub const USER_AGENT: &str = concat!("rbd-provisioner/", env!("CARGO_PKG_VERSION"));

@@ -16,11 +16,14 @@ use provisioner::{
 use rbd_volume::clusters::ClusterConfigFile;
 use rbd_volume::{Claimant, ClusterRef, Fit, Hooks, NewImage, Step};
 
-use crate::image::{Naming, Owner};
-use crate::params::{Parameters, PvSource};
-use crate::pv_build::{ANN_ADMIN_ID, ImageLocation, VolumeInputs, build_volume, image_location};
-use crate::topology::{Placement, place};
-use crate::{claim, crashpoint, monitors, secrets};
+use crate::backend::image::{Naming, Owner};
+use crate::backend::params::{Parameters, PvSource};
+use crate::backend::pv_build::{
+    ANN_ADMIN_ID, ImageLocation, VolumeInputs, build_volume, image_location,
+};
+use crate::backend::topology::{Placement, place};
+use crate::backend::{claim, monitors, secrets};
+use crate::cli::crashpoint;
 
 /// How PV sources are chosen when the class does not say (`--pv-source`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -192,7 +195,7 @@ impl RbdBackend {
             .monitors(self.config.clusters.as_deref())
             .map_err(|e| e.to_string())?;
         if let ClusterRef::Named(id) = cluster {
-            crate::params::parse_monitors(&monitors).map_err(|e| {
+            crate::backend::params::parse_monitors(&monitors).map_err(|e| {
                 format!(
                     "clusterID {id:?}: the cluster config's \"monitors\": {}",
                     e.problem
@@ -252,10 +255,10 @@ impl RbdBackend {
         cluster: &ceph_rbd::Cluster,
         new: &NewImage<'_>,
         claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
-        source: &crate::sources::Resolved,
+        source: &crate::backend::sources::Resolved,
         (class_cluster, class_monitors): (&ClusterRef, &str),
     ) -> Result<(), ProvisionError> {
-        use crate::sources::Resolved;
+        use crate::backend::sources::Resolved;
         use rbd_volume::snapshot::{self, NewClone, SnapshotError, Source};
         let ns = claim.metadata.namespace.as_deref().unwrap_or("default");
         let (source_cluster, source_pool, source_image, source_id, is_snapshot) = match source {
@@ -294,7 +297,7 @@ impl RbdBackend {
                 image: source_image,
             }
         };
-        crate::sources::protect(&self.client, ns, source)
+        provisioner::data_source::protection::protect(&self.client, ns, &source.data_source())
             .await
             .map_err(ProvisionError::final_error)?;
         let clone = NewClone::of(new, source_ref, &source_id, &self.config.csi_driver);
@@ -375,7 +378,7 @@ impl Provisioner for RbdBackend {
         let source = self.pv_source(&params).await;
         if source == PvSource::InTree && !namespace.is_empty() {
             return Err(ProvisionError::final_error(
-                crate::pv_build::namespace_needs_csi(&namespace),
+                crate::backend::pv_build::namespace_needs_csi(&namespace),
             ));
         }
         let placement = place(
@@ -426,7 +429,7 @@ impl Provisioner for RbdBackend {
             owner: &owner,
             fit: Fit::Grow,
         };
-        let data_source = crate::sources::resolve(
+        let data_source = crate::backend::sources::resolve(
             &self.client,
             &self.snapshot_drivers(),
             &self.config.csi_driver,
@@ -519,7 +522,7 @@ fn deletes_as(volume: &PersistentVolume, identity: &str) -> bool {
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(crate::pv_build::ANN_LEGACY_IDENTITY));
+        .and_then(|a| a.get(crate::backend::pv_build::ANN_LEGACY_IDENTITY));
     match recorded {
         Some(recorded) if recorded != identity => {
             tracing::debug!(

@@ -8,7 +8,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use crate::backend::SourceMode;
 
 fn duration(text: &str) -> Result<Duration, String> {
-    crate::duration::parse(text)
+    crate::cli::duration::parse(text)
 }
 
 #[derive(Parser, Debug)]
@@ -33,12 +33,12 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the CSI driver (identity + controller and/or node services on a unix socket).
-    Csi(crate::csi::CsiArgs),
+    Csi(crate::cli::csi::CsiArgs),
     /// List (and with --delete, remove) images that carry our owner record but have no PV.
-    Gc(crate::gc::GcArgs),
+    Gc(crate::commands::gc::GcArgs),
     /// Replace PVs with an in-tree rbd source by PVs of our CSI driver (same name, image and
     /// claim); crash-safe, resumable, never deletes an image. See docs/migration.md.
-    Migrate(crate::migrate::MigrateArgs),
+    Migrate(crate::commands::migrate::MigrateArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -124,7 +124,7 @@ pub struct ProvisionerArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set)]
     pub use_pv_name: bool,
     /// Prefix of image names (unless --use-pv-name).
-    #[arg(long, default_value = crate::image::DEFAULT_PREFIX)]
+    #[arg(long, default_value = crate::backend::image::DEFAULT_PREFIX)]
     pub image_name_prefix: String,
     /// PV source when the class has no `pvSource`: auto = csi when the CSIDriver object of
     /// --csi-driver-name exists, else in-tree rbd.

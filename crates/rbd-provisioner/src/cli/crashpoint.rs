@@ -3,7 +3,7 @@
 //! it reaches `<step>`. A later hit of the same step in the same process never aborts again.
 //!
 //! Steps: the volume core's (`rbd_volume::Step`, `rbd_volume::Hooks`), reached through the hooks
-//! `backend.rs` passes to it:
+//! `backend/rbd.rs` passes to it:
 //! - `after-image-create`: the image exists, its owner metadata does not, no PV yet;
 //! - `after-image-owner-key`: once per key of the owner record, after the record was written
 //!   (in one call on the image header, so the record is complete at each hit);
@@ -12,8 +12,9 @@
 //! - `after-image-remove`: the image is gone, the PV (and its finalizer) still exist;
 //! - `after-image-resize`: the image is larger, the PV capacity is not updated yet.
 //!
-//! the snapshot steps of the built-in VolumeSnapshotContent controller (`snapshotter.rs`) and of
-//! restores and clones (`backend.rs`):
+//! the snapshot steps of the RBD backend's snapshots (`backend/snapshots.rs`, called by the
+//! library's VolumeSnapshotContent controller) and of
+//! restores and clones (`backend/rbd.rs`):
 //! - `before-snapshot-create`: the content is annotated being-created, no Ceph snapshot yet;
 //! - `after-snapshot-create`: the Ceph snapshot exists, the content's status is not written;
 //! - `before-snapshot-delete`: the content is being deleted, its snapshot still exists;

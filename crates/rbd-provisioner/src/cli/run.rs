@@ -10,13 +10,13 @@ use provisioner::{
     Config, Controller, ControllerError, LeaderElectionConfig, LeaderElector, Metrics,
 };
 
+use crate::backend::image::Naming;
 use crate::backend::{BackendConfig, RbdBackend};
 use crate::cli::ProvisionerArgs;
-use crate::image::Naming;
 
 /// Runs until SIGTERM/SIGINT; an error when the lease is lost or the controller fails.
 pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
-    let client = crate::kube_client::client(&args.kube).await?;
+    let client = crate::cli::kube_client::client(&args.kube).await?;
     let identity = args
         .id
         .clone()
@@ -31,7 +31,7 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
     // Without it (RBAC of an older release that cannot read kube-system) the provisioner still
     // runs, as before this identity existed: its images then name no cluster, and gc leaves
     // them as of unknown owner cluster.
-    let kube_cluster = match crate::kube_client::kube_cluster_id(&client, &args.kube).await {
+    let kube_cluster = match crate::cli::kube_client::kube_cluster_id(&client, &args.kube).await {
         Ok(id) => {
             tracing::info!(kube_cluster = %id, "Kubernetes cluster identity recorded on images");
             id
@@ -81,7 +81,7 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
     config.resync_period = args.resync_period;
     config.add_finalizer = args.add_finalizer;
     config.shutdown_grace_period = args.shutdown_grace_period;
-    config.step_hook = Some(crate::crashpoint::hit);
+    config.step_hook = Some(crate::cli::crashpoint::hit);
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
@@ -112,17 +112,15 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
     }
 
     let config_backoff = config.backoff;
-    let snapshotter = crate::snapshotter::task(
+    let snapshotter = provisioner::snapshot::task(
+        client.clone(),
         backend.clone(),
-        crate::snapshotter::SnapshotterConfig {
-            workers: args.workers.max(1),
-            identity: identity.clone(),
-            ..Default::default()
-        },
+        crate::backend::snapshots::controller_config(args.workers.max(1), &identity),
     );
-    let (claims_seen, protection) = crate::protection::controller(client.clone(), config_backoff);
+    let (claims_seen, protection) =
+        provisioner::data_source::protection::controller(client.clone(), config_backoff);
     let attacher = args.attacher.then(|| {
-        crate::attacher::task(
+        crate::backend::attacher::task(
             backend.clone(),
             args.csi_driver_name.clone(),
             config_backoff,

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Node;
 use provisioner::ProvisionError;
 use rbd_volume::topology::{PARAMETER, domain_of, select_pool};
 
-use crate::params::Parameters;
+use crate::backend::params::Parameters;
 
 /// Where a volume goes when the class constrains pools by topology.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,53 +17,20 @@
 //!
 //! The source holds `provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection`
 //! (snapshot) or `.../cloning-protection` (claim) from before the clone until no Pending claim
-//! uses it any more.
+//! uses it any more ([`provisioner::data_source::protection`]).
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
-use kube::{Client, Resource, ResourceExt};
-use provisioner::data_source::{
-    CLONE_SOURCE_FINALIZER, DataSource, SNAPSHOT_SOURCE_FINALIZER, data_source,
-};
+use kube::api::Api;
+use kube::{Client, ResourceExt};
+use provisioner::data_source::{DataSource, data_source};
+pub use provisioner::snapshot::ANN_ALLOW_MODE_CHANGE;
+use provisioner::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use rbd_volume::snapshot::SnapshotId;
-use serde_json::{Value, json};
 
-use crate::pv_build::{ImageLocation, image_location};
+use crate::backend::pv_build::{ImageLocation, image_location};
 
-/// `snapshot.storage.kubernetes.io/allow-volume-mode-change` on a content: restores may
-/// change the volume mode.
-pub const ANN_ALLOW_MODE_CHANGE: &str = "snapshot.storage.kubernetes.io/allow-volume-mode-change";
-
-/// The `snapshot.storage.k8s.io/v1` resource of `kind`.
-#[must_use]
-pub fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(provisioner::data_source::SNAPSHOT_GROUP, "v1", kind),
-        plural,
-    )
-}
-
-/// VolumeSnapshotContents.
-#[must_use]
-pub fn contents(client: &Client) -> Api<DynamicObject> {
-    Api::all_with(
-        client.clone(),
-        &snapshot_resource("VolumeSnapshotContent", "volumesnapshotcontents"),
-    )
-}
-
-fn snapshots(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        client.clone(),
-        ns,
-        &snapshot_resource("VolumeSnapshot", "volumesnapshots"),
-    )
-}
-
-pub(crate) fn str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
-    v.pointer(pointer).and_then(Value::as_str)
+fn snapshots(client: &Client, ns: &str) -> Api<VolumeSnapshot> {
+    Api::namespaced(client.clone(), ns)
 }
 
 /// A resolved, checked source.
@@ -82,6 +49,17 @@ pub enum Resolved {
     },
 }
 
+impl Resolved {
+    /// The source as the claim names it (for its protection finalizer).
+    #[must_use]
+    pub fn data_source(&self) -> DataSource {
+        match self {
+            Resolved::Snapshot { vs, .. } => DataSource::Snapshot(vs.clone()),
+            Resolved::Volume { claim, .. } => DataSource::Claim(claim.clone()),
+        }
+    }
+}
+
 fn volume_mode(claim: &PersistentVolumeClaim) -> &str {
     claim
         .spec
@@ -92,14 +70,6 @@ fn volume_mode(claim: &PersistentVolumeClaim) -> &str {
 
 fn request_bytes(claim: &PersistentVolumeClaim) -> Option<u64> {
     provisioner::quantity::claim_request_bytes(claim)
-}
-
-fn quantity_bytes(v: Option<&Value>) -> Option<u64> {
-    match v? {
-        Value::String(s) => provisioner::quantity::parse_bytes(s),
-        Value::Number(n) => n.as_u64(),
-        _ => None,
-    }
 }
 
 /// The claim's source, checked; `None` without one.
@@ -151,7 +121,7 @@ async fn snapshot(
         .map_err(|e| format!("{what}: reading it: {e}"))?
         .ok_or_else(|| format!("{what} not found"))?;
     let content_name = snapshot_ready(&vs, &what)?;
-    let content = contents(client)
+    let content = Api::<VolumeSnapshotContent>::all(client.clone())
         .get_opt(content_name)
         .await
         .map_err(|e| format!("{what}: reading VolumeSnapshotContent {content_name}: {e}"))?
@@ -164,21 +134,18 @@ async fn snapshot(
 ///
 /// # Errors
 /// Which of those it is not, prefixed with `what`.
-pub fn snapshot_ready<'a>(vs: &'a DynamicObject, what: &str) -> Result<&'a str, String> {
+pub fn snapshot_ready<'a>(vs: &'a VolumeSnapshot, what: &str) -> Result<&'a str, String> {
     if vs.metadata.deletion_timestamp.is_some() {
         return Err(format!("{what} is being deleted"));
     }
-    if vs
-        .data
-        .pointer("/status/readyToUse")
-        .and_then(Value::as_bool)
-        != Some(true)
-    {
+    if !vs.is_ready() {
         return Err(format!(
             "{what} is not ready to use (status.readyToUse is not true)"
         ));
     }
-    str_at(&vs.data, "/status/boundVolumeSnapshotContentName")
+    vs.status
+        .as_ref()
+        .and_then(|s| s.bound_volume_snapshot_content_name.as_deref())
         .filter(|s| !s.is_empty())
         .ok_or_else(|| format!("{what} is not bound to a VolumeSnapshotContent"))
 }
@@ -189,41 +156,49 @@ pub fn snapshot_ready<'a>(vs: &'a DynamicObject, what: &str) -> Result<&'a str, 
 /// The first failed check, naming the field.
 pub fn check_snapshot(
     claim: &PersistentVolumeClaim,
-    vs: &DynamicObject,
-    content: &DynamicObject,
+    vs: &VolumeSnapshot,
+    content: &VolumeSnapshotContent,
     drivers: &[&str],
     what: &str,
 ) -> Result<Resolved, String> {
     let name = vs.metadata.name.as_deref().unwrap_or_default();
     let ns = vs.metadata.namespace.as_deref().unwrap_or_default();
     let content_name = content.metadata.name.as_deref().unwrap_or_default();
-    let c = &content.data;
-    let ref_ok = str_at(c, "/spec/volumeSnapshotRef/name") == Some(name)
-        && str_at(c, "/spec/volumeSnapshotRef/namespace") == Some(ns)
-        && str_at(c, "/spec/volumeSnapshotRef/uid") == vs.metadata.uid.as_deref();
+    let snapshot_ref = &content.spec.volume_snapshot_ref;
+    let ref_ok = snapshot_ref.name.as_deref() == Some(name)
+        && snapshot_ref.namespace.as_deref() == Some(ns)
+        && snapshot_ref.uid == vs.metadata.uid;
     if !ref_ok {
         return Err(format!(
             "{what}: VolumeSnapshotContent {content_name} is bound to another snapshot \
              (spec.volumeSnapshotRef does not name it)"
         ));
     }
-    let driver = str_at(c, "/spec/driver").unwrap_or_default();
+    let driver = content.spec.driver.as_str();
     if !drivers.contains(&driver) {
         return Err(format!(
             "{what}: VolumeSnapshotContent {content_name} has spec.driver {driver:?}, not ours ({})",
             drivers.join(" or ")
         ));
     }
-    let handle = str_at(c, "/status/snapshotHandle")
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| {
-            format!("{what}: VolumeSnapshotContent {content_name} has no status.snapshotHandle")
-        })?;
+    let handle = content.status_handle().ok_or_else(|| {
+        format!("{what}: VolumeSnapshotContent {content_name} has no status.snapshotHandle")
+    })?;
     let id = SnapshotId::parse(handle).map_err(|e| {
         format!("{what}: VolumeSnapshotContent {content_name} status.snapshotHandle: {e}")
     })?;
-    let restore = quantity_bytes(vs.data.pointer("/status/restoreSize"))
-        .or_else(|| quantity_bytes(c.pointer("/status/restoreSize")));
+    let restore = vs
+        .status
+        .as_ref()
+        .and_then(|s| s.restore_size.as_ref())
+        .and_then(|q| provisioner::quantity::parse_bytes(&q.0))
+        .or_else(|| {
+            content
+                .status
+                .as_ref()
+                .and_then(|s| s.restore_size)
+                .and_then(|n| u64::try_from(n).ok())
+        });
     if let (Some(restore), Some(requested)) = (restore, request_bytes(claim))
         && requested < restore
     {
@@ -236,7 +211,7 @@ pub fn check_snapshot(
         .annotations()
         .get(ANN_ALLOW_MODE_CHANGE)
         .is_some_and(|v| v == "true");
-    if let Some(source_mode) = str_at(c, "/spec/sourceVolumeMode")
+    if let Some(source_mode) = content.spec.source_volume_mode.as_deref()
         && source_mode != volume_mode(claim)
         && !allow_change
     {
@@ -362,124 +337,10 @@ pub fn check_source_volume(
     })
 }
 
-/// Adds `finalizer` to an object (merge patch of the whole list, preconditioned on the
-/// resourceVersion read); nothing when it is there.
-async fn add_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), kube::Error>
-where
-    K: Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let object = api.get(name).await?;
-    let mut list = object.meta().finalizers.clone().unwrap_or_default();
-    if list.iter().any(|f| f == finalizer) {
-        return Ok(());
-    }
-    list.push(finalizer.to_owned());
-    let patch = json!({"metadata": {
-        "finalizers": list,
-        "resourceVersion": object.meta().resource_version,
-    }});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(drop)
-}
-
-async fn remove_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), kube::Error>
-where
-    K: Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let object = match api.get_opt(name).await {
-        Ok(Some(object)) => object,
-        Ok(None) => return Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let list = object.meta().finalizers.clone().unwrap_or_default();
-    if !list.iter().any(|f| f == finalizer) {
-        return Ok(());
-    }
-    let kept: Vec<&String> = list.iter().filter(|f| *f != finalizer).collect();
-    let patch = json!({"metadata": {
-        "finalizers": kept,
-        "resourceVersion": object.meta().resource_version,
-    }});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(drop)
-}
-
-/// Puts the protection finalizer on the source before it is used.
-///
-/// # Errors
-/// API errors, as a message naming the source.
-pub async fn protect(client: &Client, ns: &str, source: &Resolved) -> Result<(), String> {
-    match source {
-        Resolved::Snapshot { vs, .. } => add_finalizer(
-            &snapshots(client, ns),
-            vs,
-            SNAPSHOT_SOURCE_FINALIZER,
-        )
-        .await
-        .map_err(|e| {
-            format!("adding finalizer {SNAPSHOT_SOURCE_FINALIZER} to VolumeSnapshot {ns}/{vs}: {e}")
-        }),
-        Resolved::Volume { claim, .. } => {
-            let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-            add_finalizer(&api, claim, CLONE_SOURCE_FINALIZER)
-                .await
-                .map_err(|e| format!("adding finalizer {CLONE_SOURCE_FINALIZER} to PersistentVolumeClaim {ns}/{claim}: {e}"))
-        }
-    }
-}
-
-/// Whether a claim other than `except` (uid) that is not Bound yet uses `source`.
-async fn still_used(
-    client: &Client,
-    ns: &str,
-    source: &DataSource,
-    except: &str,
-) -> Result<bool, kube::Error> {
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    let claims = api.list(&ListParams::default()).await?;
-    Ok(claims.items.iter().any(|c| {
-        c.metadata.uid.as_deref() != Some(except)
-            && c.metadata.deletion_timestamp.is_none()
-            && c.status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .unwrap_or("Pending")
-                == "Pending"
-            && data_source(c).ok().flatten().as_ref() == Some(source)
-    }))
-}
-
-/// Drops the protection finalizer from `source` in `ns` when no Pending claim (other than the
-/// one with uid `except`) uses it.
-///
-/// # Errors
-/// API errors.
-pub async fn release_source(
-    client: &Client,
-    ns: &str,
-    source: &DataSource,
-    except: Option<&str>,
-) -> Result<(), kube::Error> {
-    if still_used(client, ns, source, except.unwrap_or_default()).await? {
-        return Ok(());
-    }
-    match source {
-        DataSource::Snapshot(vs) => {
-            remove_finalizer(&snapshots(client, ns), vs, SNAPSHOT_SOURCE_FINALIZER).await
-        }
-        DataSource::Claim(name) => {
-            let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-            remove_finalizer(&api, name, CLONE_SOURCE_FINALIZER).await
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const DRIVERS: [&str; 2] = ["rbd.provisioner.ceph.io", "ceph.com/rbd"];
     const HANDLE: &str = "s1/10.0.0.1:6789/rbd/csi-snap-0123456789abcdef0123456789abcdef";
@@ -496,7 +357,7 @@ mod tests {
         .unwrap()
     }
 
-    fn vs() -> DynamicObject {
+    fn vs() -> VolumeSnapshot {
         serde_json::from_value(json!({
             "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
             "metadata": {"name": "snap", "namespace": "ns", "uid": "u-vs"},
@@ -505,7 +366,7 @@ mod tests {
         .unwrap()
     }
 
-    fn content() -> DynamicObject {
+    fn content() -> VolumeSnapshotContent {
         serde_json::from_value(json!({
             "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
             "metadata": {"name": "c"},
@@ -521,8 +382,8 @@ mod tests {
 
     fn check(
         claim: &PersistentVolumeClaim,
-        vs: &DynamicObject,
-        c: &DynamicObject,
+        vs: &VolumeSnapshot,
+        c: &VolumeSnapshotContent,
     ) -> Result<Resolved, String> {
         check_snapshot(
             claim,
@@ -563,28 +424,30 @@ mod tests {
             Some([(ANN_ALLOW_MODE_CHANGE.to_string(), "true".to_string())].into());
         assert!(check(&claim("1Gi", "Block"), &vs(), &allowed).is_ok());
         let mut other = content();
-        other.data["spec"]["driver"] = json!("other.csi.io");
+        other.spec.driver = "other.csi.io".into();
         assert!(
             check(&claim("1Gi", "Filesystem"), &vs(), &other)
                 .unwrap_err()
                 .contains("spec.driver \"other.csi.io\"")
         );
         let mut rebound = content();
-        rebound.data["spec"]["volumeSnapshotRef"]["uid"] = json!("u-old");
+        rebound.spec.volume_snapshot_ref.uid = Some("u-old".into());
         assert!(
             check(&claim("1Gi", "Filesystem"), &vs(), &rebound)
                 .unwrap_err()
                 .contains("spec.volumeSnapshotRef")
         );
         let mut no_handle = content();
-        no_handle.data["status"] = json!({"readyToUse": true});
+        no_handle.status = serde_json::from_value(json!({"readyToUse": true})).unwrap();
         assert!(
             check(&claim("1Gi", "Filesystem"), &vs(), &no_handle)
                 .unwrap_err()
                 .contains("status.snapshotHandle")
         );
         let mut unready = vs();
-        unready.data["status"]["readyToUse"] = json!(false);
+        if let Some(status) = unready.status.as_mut() {
+            status.ready_to_use = Some(false);
+        }
         assert!(
             snapshot_ready(&unready, "x")
                 .unwrap_err()

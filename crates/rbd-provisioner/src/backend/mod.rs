@@ -1,0 +1,15 @@
+//! The RBD backend: the `provisioner` library's traits on Ceph RBD, and what they need.
+
+pub mod attacher;
+pub mod claim;
+pub mod image;
+pub mod monitors;
+pub mod params;
+pub mod pv_build;
+pub mod rbd;
+pub mod secrets;
+pub mod snapshots;
+pub mod sources;
+pub mod topology;
+
+pub use rbd::{BackendConfig, RbdBackend, SourceMode};

@@ -1,0 +1,4 @@
+//! The operator commands: `rbd-provisioner gc` and `rbd-provisioner migrate`.
+
+pub mod gc;
+pub mod migrate;
