@@ -132,7 +132,7 @@ async fn node_topology(
 async fn kms_secrets(
     args: &CsiArgs,
 ) -> Option<Arc<dyn rbd_volume::encryption::secrets::SecretStore>> {
-    match crate::kube_client::client(&args.kube).await {
+    match crate::cli::kube_client::client(&args.kube).await {
         Ok(client) => Some(Arc::new(rbd_csi::kube_secrets::KubeSecrets::new(client))),
         Err(e) => {
             tracing::info!(error = %e, "no Kubernetes API access: KMS entries that use Secrets are refused");
