@@ -152,23 +152,15 @@ impl FuseLoopMapper {
         } = write_instance_files(dir, &mnt, image, key).await?;
         let args = fuse_args(&conf, image, &mnt);
         tracing::info!(pool = %image.pool, user = %image.user, mount_point = %mnt.display(), "starting rbd-fuse");
-        let mut child = self
-            .placement
-            .command("rbd-fuse")?
-            .args(&args)
-            .env_remove("CEPH_ARGS")
-            .env_remove("CEPH_CONF")
-            .env_remove("CEPH_KEYRING")
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
-            .spawn()
-            .map_err(|source| {
-                MapError::Exec(exec::ExecError::Spawn {
-                    program: "rbd-fuse".into(),
-                    source,
-                })
-            })?;
+        let started = self.spawn_fuse(&args, log, log_err);
+        // the keyring goes with a start that failed (a cgroup refused, no binary)
+        let mut child = match started {
+            Ok(child) => child,
+            Err(e) => {
+                remove_instance_files(dir);
+                return Err(e);
+            }
+        };
         let deadline = Instant::now() + FUSE_TIMEOUT;
         loop {
             if is_fuse_mount(&mnt)? {
@@ -224,6 +216,32 @@ impl FuseLoopMapper {
         });
         instance.exited = Some(rx);
         Ok(mnt)
+    }
+
+    /// Starts `rbd-fuse ARGS` where [`DaemonPlacement`] says, its output into the instance's log,
+    /// with no Ceph settings inherited from the plugin's environment.
+    fn spawn_fuse(
+        &self,
+        args: &[String],
+        log: std::fs::File,
+        log_err: std::fs::File,
+    ) -> Result<tokio::process::Child, MapError> {
+        self.placement
+            .command("rbd-fuse")?
+            .args(args)
+            .env_remove("CEPH_ARGS")
+            .env_remove("CEPH_CONF")
+            .env_remove("CEPH_KEYRING")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .map_err(|source| {
+                MapError::Exec(exec::ExecError::Spawn {
+                    program: "rbd-fuse".into(),
+                    source,
+                })
+            })
     }
 
     /// Unmounts an instance no loop device uses any more, waits for its process, removes its files.
@@ -613,6 +631,24 @@ mod tests {
             user: user.into(),
             map_options: None,
             unmap_options: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_start_refused_by_its_cgroup_leaves_no_key_file() {
+        let runtime = tempfile::tempdir().unwrap();
+        let not_a_cgroup = runtime.path().join("not-a-cgroup");
+        let mapper = FuseLoopMapper::new(runtime.path())
+            .with_placement(DaemonPlacement::in_cgroups(vec![not_a_cgroup]));
+        let image = spec("kube");
+        let err = mapper
+            .map(&image, &Key::new("AQBsecret=="))
+            .await
+            .expect_err("a cgroup without cgroup.procs refuses the start");
+        assert!(err.to_string().contains("cgroup.procs"), "{err}");
+        let dir = mapper.instance_dir(&image);
+        for file in ["keyring", "ceph.conf"] {
+            assert!(!dir.join(file).exists(), "{file} left in {}", dir.display());
         }
     }
 
