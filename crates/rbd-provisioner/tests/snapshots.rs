@@ -66,23 +66,23 @@ async fn a_snapshot_restores_into_a_new_claim_with_the_data_of_its_moment() {
     assert!(h.images().contains(&snap_image));
     // the being-created annotation goes after the status is filled: in a write of its own, as
     // external-snapshotter's sidecar does, so the snapshot may be ready a moment before
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let content = contents(&h)
-            .get(&format!("snapcontent-{uid}"))
-            .await
-            .unwrap();
-        let annotations = content.metadata.annotations.clone().unwrap_or_default();
-        if !annotations.contains_key("snapshot.storage.kubernetes.io/volumesnapshot-being-created")
-        {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "being-created annotation still there: {annotations:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let api = contents(&h);
+    let name = format!("snapcontent-{uid}");
+    h.until(
+        "the being-created annotation removed",
+        std::time::Duration::from_secs(30),
+        || {
+            let (api, name) = (api.clone(), name.clone());
+            async move {
+                let content = api.get(&name).await.ok()?;
+                let annotations = content.metadata.annotations.unwrap_or_default();
+                (!annotations
+                    .contains_key("snapshot.storage.kubernetes.io/volumesnapshot-being-created"))
+                .then_some(())
+            }
+        },
+    )
+    .await;
 
     // the source changes after the snapshot; the restore has the snapshot's moment
     write(&plugin, &h, "src", "a.txt", "after the snapshot").await;
