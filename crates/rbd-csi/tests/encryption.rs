@@ -7,28 +7,11 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::controller::{MIB, create_request, image_size, remove_image, secrets};
+use common::controller::{MIB, create_request, image_meta, image_size, remove_image, secrets};
 use common::{TestServer, mount_cap};
 use rbd_csi::proto::csi;
 use rbd_csi::{ProbeCluster, Services};
 use tonic::Code;
-
-fn image_meta(image: &str) -> HashMap<String, String> {
-    let cluster = micro_ceph::cluster();
-    let meta = cluster
-        .rbd(&[
-            "image-meta",
-            "list",
-            "--format",
-            "json",
-            &format!("{}/{image}", cluster.pool),
-        ])
-        .unwrap();
-    if meta.trim().is_empty() {
-        return HashMap::new();
-    }
-    serde_json::from_str(&meta).unwrap()
-}
 
 async fn server(kms_config: &str) -> (TestServer, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();

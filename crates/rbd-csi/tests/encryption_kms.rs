@@ -9,7 +9,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use common::controller::{MIB, create_request, image_size, remove_image, secrets};
+use common::controller::{MIB, create_request, image_meta, image_size, remove_image, secrets};
 use common::{TestServer, mount_cap};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -21,23 +21,6 @@ use rbd_volume::encryption::secret_per_volume;
 use tonic::Code;
 
 const KMS_NAMESPACE: &str = "kms";
-
-fn image_meta(image: &str) -> HashMap<String, String> {
-    let cluster = micro_ceph::cluster();
-    let meta = cluster
-        .rbd(&[
-            "image-meta",
-            "list",
-            "--format",
-            "json",
-            &format!("{}/{image}", cluster.pool),
-        ])
-        .unwrap();
-    if meta.trim().is_empty() {
-        return HashMap::new();
-    }
-    serde_json::from_str(&meta).unwrap()
-}
 
 struct Setup {
     server: TestServer,

@@ -69,6 +69,24 @@ pub async fn create_volume(
         .unwrap()
 }
 
+/// The image's metadata (`rbd image-meta list`), key to value.
+pub fn image_meta(image: &str) -> HashMap<String, String> {
+    let cluster = micro_ceph::cluster();
+    let meta = cluster
+        .rbd(&[
+            "image-meta",
+            "list",
+            "--format",
+            "json",
+            &format!("{}/{image}", cluster.pool),
+        ])
+        .unwrap();
+    if meta.trim().is_empty() {
+        return HashMap::new();
+    }
+    serde_json::from_str(&meta).unwrap()
+}
+
 pub fn image_size(image: &str) -> Option<u64> {
     let cluster = micro_ceph::cluster();
     let out = cluster
