@@ -47,16 +47,28 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-# counts of a cargo test log: "P F"
-counts() {
-  grep -Eo '^test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$1" | awk '{p+=$4; f+=$6} END {print p+0, f+0}'
+# what a cargo test log says: "P passed, F failed", and the test targets cargo saw fail, which
+# includes a test binary that died (a signal, an abort) before it printed its own count
+result() {
+  local targets
+  grep -Eo '^test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$1" \
+    | awk '{p+=$4; f+=$6} END {printf "%d passed, %d failed", p, f}'
+  targets=$(grep -Eo '(to rerun pass|^ +)`-p [^`]*`' "$1" | grep -Eo '`[^`]*`' | sort -u | paste -sd' ' -)
+  [ -z "$targets" ] || printf '; targets cargo reported failing: %s' "$targets"
 }
 status=0
+# every step that failed, named in the summary (a step can fail with no failed test counted: a
+# test binary killed by a signal, a chroot that could not be cleaned)
+failed_steps=()
+failed_step() {
+  local rc=$?
+  status=1
+  failed_steps+=("$1 (exit $rc)")
+}
 echo "== cargo test"
 # everything but the VM suite, which runs below beside the release matrix (one core of TCG)
-cargo test --workspace --no-fail-fast -- --skip vm_suite --skip container_ 2>&1 | tee "$TMPDIR/test.log" || status=1
-read -r passed failed < <(counts "$TMPDIR/test.log")
-summary=("tests (Ceph $(ceph --version | awk '{print $3}'), the host's): $passed passed, $failed failed")
+cargo test --workspace --no-fail-fast -- --skip vm_suite --skip container_ 2>&1 | tee "$TMPDIR/test.log" || failed_step "the host suites"
+summary=("tests (Ceph $(ceph --version | awk '{print $3}'), the host's): $(result "$TMPDIR/test.log")")
 
 # The kernel data path in a VM (crates/rbd-provisioner/tests/vm_kernel.rs), its guest tests shown.
 cargo test -p rbd-provisioner --test vm_kernel --no-fail-fast -- --nocapture vm_suite \
@@ -78,7 +90,7 @@ for i in 0 1; do
   if ! wait "${release_pids[$i]}"; then
     cat "$TMPDIR/release-$release.out" >&2
     summary+=("tests against ${release%-dev}: its Ceph could not be installed (above)")
-    status=1
+    failed_step "installing ${release%-dev}"
     continue
   fi
   roots[i]=$(tail -n 1 "$TMPDIR/release-$release.out")
@@ -88,10 +100,9 @@ if [ -n "${roots[0]}" ]; then
   echo "== cargo test against reef (Ceph $version), this build (client $(ceph --version | awk '{print $3}'))"
   for s in "${suites[@]}"; do
     # shellcheck disable=SC2086 # word splitting wanted
-    CEPH_ROOT=${roots[0]} cargo test --no-fail-fast $s 2>&1 | tee -a "$TMPDIR/test-reef.log" || status=1
+    CEPH_ROOT=${roots[0]} cargo test --no-fail-fast $s 2>&1 | tee -a "$TMPDIR/test-reef.log" || failed_step "reef: $s"
   done
-  read -r passed failed < <(counts "$TMPDIR/test-reef.log")
-  summary+=("tests against reef (Ceph $version): $passed passed, $failed failed")
+  summary+=("tests against reef (Ceph $version): $(result "$TMPDIR/test-reef.log")")
 fi
 if [ -n "${roots[1]}" ]; then
   root=${roots[1]}
@@ -115,24 +126,21 @@ if [ -n "${roots[1]}" ]; then
     "-p rbd-provisioner --test e2e --test snapshots --test csi_sanity"; do
     # shellcheck disable=SC2086 # word splitting wanted
     ./scripts/in-release-root.sh tentacle-dev cargo test --no-fail-fast $s -- "${skip[@]}" 2>&1 \
-      | tee -a "$TMPDIR/test-tentacle.log" || status=1
+      | tee -a "$TMPDIR/test-tentacle.log" || failed_step "tentacle, its client: $s"
   done
-  read -r passed failed < <(counts "$TMPDIR/test-tentacle.log")
-  summary+=("tests against tentacle (Ceph $version) with its default keys, client $version: $passed passed, $failed failed")
+  summary+=("tests against tentacle (Ceph $version) with its default keys, client $version: $(result "$TMPDIR/test-tentacle.log")")
   echo "== tentacle with its default (aes256k) keys, this build"
   CEPH_ROOT=$root cargo test -p ceph-rbd --test connections \
-    -- the_clusters_own_admin_key --nocapture 2>&1 | tee "$TMPDIR/test-tentacle-defaults.log" || status=1
-  read -r passed failed < <(counts "$TMPDIR/test-tentacle-defaults.log")
-  summary+=("tentacle with its default keys, this build (refused by key type): $passed passed, $failed failed")
+    -- the_clusters_own_admin_key --nocapture 2>&1 | tee "$TMPDIR/test-tentacle-defaults.log" || failed_step "tentacle default keys, this build"
+  summary+=("tentacle with its default keys, this build (refused by key type): $(result "$TMPDIR/test-tentacle-defaults.log")")
   echo "== tentacle with aes keys, this build"
   for s in "-p ceph-rbd --test connections" "-p rbd-volume -p rbd-csi" \
     "-p rbd-provisioner --test e2e --test csi_sanity"; do
     # shellcheck disable=SC2086 # word splitting wanted
     CEPH_ROOT=$root CEPHX_KEY_TYPE=aes cargo test --no-fail-fast $s 2>&1 \
-      | tee -a "$TMPDIR/test-tentacle-aes.log" || status=1
+      | tee -a "$TMPDIR/test-tentacle-aes.log" || failed_step "tentacle aes keys: $s"
   done
-  read -r passed failed < <(counts "$TMPDIR/test-tentacle-aes.log")
-  summary+=("tentacle with aes keys, this build: $passed passed, $failed failed")
+  summary+=("tentacle with aes keys, this build: $(result "$TMPDIR/test-tentacle-aes.log")")
 fi
 
 # The container images (scripts/image.sh: sid's Ceph client on a cached debootstrap of sid, with
@@ -142,21 +150,21 @@ echo "== the container images"
 binary=$ROOT/target/ceph-tentacle-dev/debug/rbd-provisioner
 if [ -x "$binary" ] && BINARY=$binary ./scripts/image.sh --suite sid 2>&1 | tee "$TMPDIR/image.log"; then
   RBD_IMAGES_REQUIRED=1 cargo test -p rbd-provisioner --test images --no-fail-fast 2>&1 \
-    | tee "$TMPDIR/test-images.log" || status=1
-  read -r passed failed < <(counts "$TMPDIR/test-images.log")
+    | tee "$TMPDIR/test-images.log" || failed_step "the image start test"
   sizes=$(sed -n 's/^image.sh: \(rbd-provisioner[a-z-]*\):latest, \([0-9]* MB\).*/\1 \2/p' "$TMPDIR/image.log" | paste -sd, -)
-  summary+=("container images ($sizes): $passed passed, $failed failed")
+  summary+=("container images ($sizes): $(result "$TMPDIR/test-images.log")")
 else
   summary+=("container images: not built (no Tentacle-linked binary at $binary, or the build failed above)")
-  status=1
+  failed_step "building the images"
 fi
 
 echo "== the VM suite (kernel rbd and nbd; it ran beside the release suites)"
-wait "$vm_pid" || status=1
+wait "$vm_pid" || failed_step "the VM suite"
 cat "$TMPDIR/test-vm.log"
 vm_result=$(awk '$1 == "test" && $2 == "vm_suite" && $3 == "..." {print $4}' "$TMPDIR/test-vm.log")
 guest=$(grep -Ec '^test guest_.* \.\.\. ok$' "$TMPDIR/test-vm.log" || true)
 summary+=("the VM suite: vm_suite ${vm_result:-did not run}, $guest guest tests passed in the VM")
 
 printf '%s\n' "${summary[@]}"
+[ "${#failed_steps[@]}" = 0 ] || printf 'failed steps: %s\n' "$(IFS=';'; echo "${failed_steps[*]}")"
 exit "$status"
