@@ -162,6 +162,15 @@ fn the_clusters_component_mounts_the_config_the_flag_names_and_its_classes_parse
         .find(|m| Path::new(m["mountPath"].as_str().unwrap()) == path.parent().unwrap())
         .expect("a mount of the --cluster-config directory");
     assert!(mount["subPath"].is_null());
+    // the base's mount of the KMS configuration (--kms-config's default) stays beside it
+    let kms_dir = cli.provisioner.kms_config.parent().unwrap();
+    let mounts = container["volumeMounts"].as_sequence().unwrap();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| Path::new(m["mountPath"].as_str().unwrap()) == kms_dir),
+        "a mount of the --kms-config directory: {mounts:?}"
+    );
     let volume = pod["volumes"]
         .as_sequence()
         .unwrap()

@@ -339,17 +339,6 @@ fn contents(h: &Harness) -> kube::Api<kube::api::DynamicObject> {
     kube::Api::all_with(h.client.clone(), &resource)
 }
 
-async fn ceph_cluster(h: &Harness) -> std::sync::Arc<ceph_rbd::Cluster> {
-    ceph_rbd::ConnectionPool::default()
-        .get(&ceph_rbd::ClusterConfig::new(
-            &h.ceph.monitors,
-            "admin",
-            ceph_rbd::Secret::new(h.ceph.admin_key.clone()),
-        ))
-        .await
-        .unwrap()
-}
-
 /// Bytes 0..1 MiB of `image`, through the rbd CLI (librbd, not our code).
 fn read_head(h: &Harness, image: &str) -> Vec<u8> {
     let out = h.dir.path().join(format!("{image}.head"));
@@ -383,7 +372,7 @@ async fn gc_covers_snapshot_images_and_clone_intermediates() {
     let driver = format!("driver-{}", &prefix[5..13]);
     let kube_cluster = h.kube_cluster_id().await;
     h.create_class("rbd", &h.params(), "Delete").await;
-    let cluster = ceph_cluster(&h).await;
+    let cluster = h.ceph_cluster().await;
     let pool = h.ceph.pool.as_str();
 
     // the source volume, with data, live (a PV refers to it)

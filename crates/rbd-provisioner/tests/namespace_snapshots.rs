@@ -7,8 +7,6 @@
 mod snapshots;
 mod support;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::PostParams;
 use serde_json::json;
 use support::Harness;
 
@@ -22,21 +20,7 @@ fn ls(h: &Harness, spec: &str) -> Vec<String> {
 }
 
 async fn claim_from(h: &Harness, name: &str, kind: &str, source: &str) {
-    let group = (kind == "VolumeSnapshot").then_some("snapshot.storage.k8s.io");
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "storageClassName": "tenant",
-            "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": "16Mi"}},
-            "dataSource": {"kind": kind, "name": source, "apiGroup": group},
-        }
-    }))
-    .unwrap();
-    h.claims()
-        .create(&PostParams::default(), &claim)
-        .await
-        .unwrap();
+    snapshots::create_claim_of_class_from(h, name, "tenant", "16Mi", kind, source).await;
 }
 
 fn handle(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> String {

@@ -182,39 +182,34 @@ pub(super) async fn delete(
         .map_err(volume_status)?;
     tracing::info!(snapshot_id, ?deleted, "snapshot deleted");
     if let Some(kms_id) = kms_id {
-        super::volumes::remove_key(ctl, &cluster, &pool, &id.image, snapshot_id, &kms_id).await;
+        let image = (&*cluster, pool.as_str(), id.image.as_str());
+        let (config, secrets) = (&ctl.kms_config, ctl.secrets.clone());
+        rbd_volume::encryption::remove_key(image, snapshot_id, config, secrets, &kms_id).await;
     }
     Ok(())
 }
 
-/// A snapshot of an encrypted volume whose KMS keeps keys apart from the image gets its own
-/// copy of the volume's key (with the metadata KMSs the snapshot image's metadata carries it
-/// already), so that restores from it outlive the volume.
+/// A snapshot of an encrypted volume gets its own copy of the volume's key where the KMS keeps
+/// keys apart from the image ([`rbd_volume::encryption::copy_key_to_snapshot`]).
 async fn copy_key(
     ctl: &ControllerService,
     snapshot: &rbd_volume::encryption::Target<'_>,
     source: &rbd_volume::encryption::Target<'_>,
 ) -> Result<(), Status> {
-    let kms_id = rbd_volume::encryption::recorded_kms_id(source.cluster, source.pool, source.image)
-        .await
-        .map_err(|e| Status::unavailable(format!("reading the source's KMS entry: {e}")))?;
-    let Some(kms_id) = kms_id else {
-        return Ok(());
-    };
-    let kms = super::volumes::kms_for(&ctl.kms_config, ctl.secrets.clone(), &kms_id)
-        .await
-        .map_err(|e| {
-            Status::failed_precondition(format!(
-                "the source volume's key (KMS entry {kms_id:?}): {}",
-                e.message()
-            ))
-        })?;
-    if !kms.keeps_key_apart() {
-        return Ok(());
-    }
-    rbd_volume::encryption::prepare(snapshot, kms.as_ref(), Some(source))
-        .await
-        .map_err(|e| Status::failed_precondition(format!("copying the volume's key: {e}")))
+    use rbd_volume::encryption::EncryptionError;
+    rbd_volume::encryption::copy_key_to_snapshot(
+        snapshot,
+        source,
+        &ctl.kms_config,
+        ctl.secrets.clone(),
+    )
+    .await
+    .map_err(|e| match e {
+        EncryptionError::Ceph { id, source } if id.is_empty() => {
+            Status::unavailable(format!("reading the source's KMS entry: {source}"))
+        }
+        e => Status::failed_precondition(format!("copying the volume's key: {e}")),
+    })
 }
 
 pub(super) async fn list(

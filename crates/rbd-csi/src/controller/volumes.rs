@@ -228,18 +228,16 @@ pub(super) async fn kms_for(
     secrets: Option<std::sync::Arc<dyn rbd_volume::encryption::secrets::SecretStore>>,
     kms_id: &str,
 ) -> Result<Box<dyn rbd_volume::encryption::Kms>, Status> {
-    let path = path.to_path_buf();
-    let config =
-        tokio::task::spawn_blocking(move || rbd_volume::encryption::KmsConfig::load(&path))
-            .await
-            .map_err(|e| Status::internal(format!("reading the KMS configuration: {e}")))?
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
-    config.with_secrets(secrets).kms(kms_id).map_err(|e| {
-        Status::invalid_argument(format!(
-            "parameters.{}: {e}",
-            rbd_volume::encryption::PARAM_KMS_ID
-        ))
-    })
+    use rbd_volume::encryption::EncryptionError;
+    rbd_volume::encryption::load_kms(path, secrets, kms_id)
+        .await
+        .map_err(|e| match e {
+            EncryptionError::Config { .. } => Status::failed_precondition(e.to_string()),
+            e => Status::invalid_argument(format!(
+                "parameters.{}: {e}",
+                rbd_volume::encryption::PARAM_KMS_ID
+            )),
+        })
 }
 
 /// A content source and where it is.
@@ -366,45 +364,11 @@ pub(super) async fn delete(
         .map_err(volume_status)?;
     tracing::info!(volume_id, "volume deleted");
     if let Some(kms_id) = kms_id {
-        remove_key(ctl, &cluster, &pool, &id.image, volume_id, &kms_id).await;
+        let image = (&*cluster, pool.as_str(), id.image.as_str());
+        let (config, secrets) = (&ctl.kms_config, ctl.secrets.clone());
+        rbd_volume::encryption::remove_key(image, volume_id, config, secrets, &kms_id).await;
     }
     Ok(())
-}
-
-/// Removes a deleted volume's key where its KMS keeps it apart from the image. A failure is
-/// logged, not returned: the volume is gone, and a retried delete would no longer know the
-/// entry; the key's Secret is labelled and annotated with its image for a manual clean-up.
-pub(super) async fn remove_key(
-    ctl: &ControllerService,
-    cluster: &ceph_rbd::Cluster,
-    pool: &str,
-    image: &str,
-    volume_id: &str,
-    kms_id: &str,
-) {
-    let removed = match kms_for(&ctl.kms_config, ctl.secrets.clone(), kms_id).await {
-        Ok(kms) if kms.keeps_key_apart() => {
-            let target = rbd_volume::encryption::Target {
-                cluster,
-                pool,
-                image,
-                volume_id,
-                tenant: None,
-            };
-            kms.remove_dek(&target).await.map_err(|e| e.to_string())
-        }
-        Ok(_) => Ok(()),
-        Err(e) => Err(e.message().to_owned()),
-    };
-    if let Err(error) = removed {
-        tracing::warn!(
-            pool,
-            image,
-            kms = kms_id,
-            error,
-            "the deleted volume's key was not removed"
-        );
-    }
 }
 
 pub(super) async fn expand(

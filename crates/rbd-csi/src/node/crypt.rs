@@ -76,17 +76,16 @@ pub(super) async fn fetch_dek(
     enc: &Encryption,
     volume_id: &str,
 ) -> Result<Dek, Status> {
-    let path = node.config.kms_config.clone();
-    let config = blocking(move || {
-        encryption::KmsConfig::load(&path).map_err(|e| Status::failed_precondition(e.to_string()))
-    })
-    .await?;
-    let kms = config
-        .with_secrets(node.config.secrets.clone())
-        .kms(&enc.kms_id)
-        .map_err(|e| {
-            Status::invalid_argument(format!("volume_context.{}: {e}", encryption::PARAM_KMS_ID))
-        })?;
+    let kms = encryption::load_kms(
+        &node.config.kms_config,
+        node.config.secrets.clone(),
+        &enc.kms_id,
+    )
+    .await
+    .map_err(|e| match e {
+        encryption::EncryptionError::Config { .. } => Status::failed_precondition(e.to_string()),
+        e => Status::invalid_argument(format!("volume_context.{}: {e}", encryption::PARAM_KMS_ID)),
+    })?;
     let volume = super::access::VolumeKeyRef {
         volume_id,
         tenant: enc.tenant.as_deref(),

@@ -64,6 +64,9 @@ pub struct Parameters {
     pub pv_source: Option<PvSource>,
     /// CSI node mapper (`rbd`, `rbd-nbd`, `fuse`), passed to the node in the volume attributes.
     pub mounter: Option<String>,
+    /// ceph-csi's `encrypted`, `encryptionType` and `encryptionKMSID` (CSI PVs only; the
+    /// claim's namespace becomes the tenant when the volume is made).
+    pub encryption: Option<rbd_volume::encryption::Encryption>,
 }
 
 /// A parameter problem; the message names the parameter.
@@ -103,6 +106,9 @@ const KEYS: &[&str] = &[
     "stripeCount",
     "pvSource",
     "mounter",
+    rbd_volume::encryption::PARAM_ENCRYPTED,
+    rbd_volume::encryption::PARAM_TYPE,
+    rbd_volume::encryption::PARAM_KMS_ID,
     // ceph-csi / external-provisioner spellings, accepted as aliases
     "csi.storage.k8s.io/fstype",
     "csi.storage.k8s.io/provisioner-secret-name",
@@ -216,6 +222,28 @@ pub fn parse_monitors(value: &str) -> Result<Vec<String>, ParameterError> {
         monitors.push(entry.to_string());
     }
     Ok(monitors)
+}
+
+/// The encryption parameters, read by the volume core's rules (ceph-csi's): `None` for an
+/// unencrypted class.
+fn encryption(
+    p: &BTreeMap<&'static str, (String, String)>,
+) -> Result<Option<rbd_volume::encryption::Encryption>, ParameterError> {
+    use rbd_volume::encryption::{EncryptionError, PARAM_ENCRYPTED, PARAM_KMS_ID, PARAM_TYPE};
+    let given: std::collections::HashMap<String, String> =
+        [PARAM_ENCRYPTED, PARAM_TYPE, PARAM_KMS_ID]
+            .into_iter()
+            .filter_map(|k| p.get(k).map(|(_, v)| (k.to_owned(), v.clone())))
+            .collect();
+    rbd_volume::encryption::parameters(&given).map_err(|e| match e {
+        EncryptionError::Parameter { field, problem } => {
+            let key = p
+                .get(field.as_str())
+                .map_or(field.clone(), |(k, _)| k.clone());
+            err(&key, problem)
+        }
+        other => err(PARAM_ENCRYPTED, other.to_string()),
+    })
 }
 
 impl Parameters {
@@ -364,6 +392,14 @@ impl Parameters {
                 format!("{m:?} is not one of rbd, rbd-nbd, fuse"),
             ));
         }
+        let encryption = encryption(&p)?;
+        if encryption.is_some() && mounter.as_deref() == Some("fuse") {
+            return Err(err(
+                &key_of("mounter"),
+                "\"fuse\" cannot mount encrypted volumes (it has no block device for dm-crypt); \
+                 use rbd (the default) or rbd-nbd",
+            ));
+        }
         Ok(Parameters {
             monitors,
             cluster_id,
@@ -389,6 +425,7 @@ impl Parameters {
             stripe_count,
             pv_source,
             mounter,
+            encryption,
         })
     }
 
@@ -466,6 +503,65 @@ mod tests {
         .unwrap();
         assert_eq!(p.admin_id, "admin");
         assert_eq!(p.pool, "rbd");
+    }
+
+    #[test]
+    fn encryption_parameters_are_read_as_ceph_csi_names_them_in_any_case() {
+        let mut m = map(&minimal());
+        m.insert("Encrypted".into(), "true".into());
+        m.insert("encryptionkmsid".into(), "vault-less".into());
+        let p = Parameters::parse(&m).unwrap();
+        assert_eq!(
+            p.encryption,
+            Some(rbd_volume::encryption::Encryption {
+                kms_id: "vault-less".into(),
+                tenant: None,
+            })
+        );
+        assert_eq!(
+            Parameters::parse(&map(&minimal())).unwrap().encryption,
+            None
+        );
+    }
+
+    #[test]
+    fn bad_encryption_parameters_are_named_as_the_class_spells_them() {
+        for (extra, key, problem) in [
+            (
+                vec![("ENCRYPTED", "yes")],
+                "ENCRYPTED",
+                "is not \"true\" or \"false\"",
+            ),
+            (
+                vec![("encrypted", "true")],
+                "encryptionKMSID",
+                "is required",
+            ),
+            (
+                vec![
+                    ("encrypted", "true"),
+                    ("encryptionKMSID", "k"),
+                    ("encryptionType", "file"),
+                ],
+                "encryptionType",
+                "fscrypt",
+            ),
+            (
+                vec![
+                    ("encrypted", "true"),
+                    ("encryptionKMSID", "k"),
+                    ("mounter", "fuse"),
+                ],
+                "mounter",
+                "cannot mount encrypted volumes",
+            ),
+        ] {
+            let mut m = map(&minimal());
+            m.extend(map(&extra));
+            let e = Parameters::parse(&m).unwrap_err();
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.problem.contains(problem), "{e}");
+        }
     }
 
     #[test]

@@ -54,6 +54,29 @@ pub struct VolumeInputs<'a> {
     pub source: PvSource,
     pub csi_driver: &'a str,
     pub identity: &'a str,
+    /// An encrypted volume's settings, for the node (CSI PVs only).
+    pub encryption: Option<&'a rbd_volume::encryption::Encryption>,
+}
+
+/// The CSI volume handle of a volume made here: its cluster (the class's `clusterID`, else its
+/// monitors), pool, RADOS namespace and image.
+///
+/// # Errors
+/// A name the handle cannot carry.
+pub fn csi_handle(
+    cluster_id: Option<&str>,
+    monitors: &str,
+    pool: &str,
+    namespace: &str,
+    image: &str,
+) -> Result<String, String> {
+    let cluster = match cluster_id {
+        Some(id) => ClusterRef::Named(id.to_string()),
+        None => ClusterRef::Monitors(monitors.to_string()),
+    };
+    VolumeId::located(cluster, pool, namespace, image)
+        .encode()
+        .map_err(|e| e.to_string())
 }
 
 /// The namespace of the user secret: the class's, else the claim's (as the old provisioner).
@@ -63,6 +86,17 @@ pub fn user_secret_namespace(params: &Parameters, claim: &PersistentVolumeClaim)
         .clone()
         .or_else(|| claim.metadata.namespace.clone())
         .unwrap_or_else(|| "default".into())
+}
+
+/// Why an encrypted class cannot make an in-tree `rbd` PV.
+pub fn encryption_needs_csi() -> String {
+    format!(
+        "StorageClass parameter {:?}: encrypted volumes need CSI PVs (pvSource \"csi\", or \
+         --pv-source=csi, or the CSIDriver object installed with --pv-source=auto): an in-tree \
+         rbd PV cannot carry encryption, and the kubelet's in-tree plugin would mount the \
+         ciphertext",
+        rbd_volume::encryption::PARAM_ENCRYPTED
+    )
 }
 
 /// Why a volume in RADOS namespace `namespace` cannot get an in-tree `rbd` PV.
@@ -95,6 +129,9 @@ pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, Strin
         PvSource::InTree if !inputs.namespace.is_empty() => {
             return Err(namespace_needs_csi(inputs.namespace));
         }
+        PvSource::InTree if inputs.encryption.is_some() => {
+            return Err(encryption_needs_csi());
+        }
         PvSource::InTree => {
             spec.rbd = Some(RBDPersistentVolumeSource {
                 monitors: inputs.monitors.split(',').map(str::to_string).collect(),
@@ -107,12 +144,13 @@ pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, Strin
             });
         }
         PvSource::Csi => {
-            let cluster = match inputs.cluster_id {
-                Some(id) => ClusterRef::Named(id.to_string()),
-                None => ClusterRef::Monitors(inputs.monitors.clone()),
-            };
-            let handle = VolumeId::located(cluster, inputs.pool, inputs.namespace, &inputs.image)
-                .encode()?;
+            let handle = csi_handle(
+                inputs.cluster_id,
+                &inputs.monitors,
+                inputs.pool,
+                inputs.namespace,
+                &inputs.image,
+            )?;
             use rbd_csi::volume::context;
             let mut attributes = BTreeMap::from([
                 (context::MONITORS.to_string(), inputs.monitors.clone()),
@@ -128,6 +166,9 @@ pub fn build_volume(inputs: &VolumeInputs<'_>) -> Result<PersistentVolume, Strin
             }
             if !inputs.namespace.is_empty() {
                 attributes.insert(ATTR_NAMESPACE.to_string(), inputs.namespace.to_string());
+            }
+            if let Some(enc) = inputs.encryption {
+                attributes.extend(rbd_volume::encryption::context(enc));
             }
             let admin_secret = SecretReference {
                 name: Some(p.admin_secret_name.clone()),
@@ -299,6 +340,7 @@ mod tests {
             source,
             csi_driver: "rbd.provisioner.ceph.io",
             identity: "ceph.com/rbd",
+            encryption: None,
         }
     }
 
@@ -325,6 +367,26 @@ mod tests {
         let ann = pv.metadata.annotations.unwrap();
         assert_eq!(ann[ANN_ADMIN_ID], "admin");
         assert_eq!(ann[ANN_LEGACY_IDENTITY], "ceph.com/rbd");
+    }
+
+    #[test]
+    fn encrypted_volumes_tell_the_node_their_kms_entry_and_tenant_and_need_csi() {
+        let (p, c) = (params(&[]), claim());
+        let encryption = rbd_volume::encryption::Encryption {
+            kms_id: "per-volume".into(),
+            tenant: Some("team-a".into()),
+        };
+        let mut csi = inputs(&p, &c, PvSource::Csi);
+        csi.encryption = Some(&encryption);
+        let pv = build_volume(&csi).unwrap();
+        let attributes = pv.spec.unwrap().csi.unwrap().volume_attributes.unwrap();
+        for (key, value) in rbd_volume::encryption::context(&encryption) {
+            assert_eq!(attributes.get(&key), Some(&value), "{key}");
+        }
+        let mut in_tree = inputs(&p, &c, PvSource::InTree);
+        in_tree.encryption = Some(&encryption);
+        let e = build_volume(&in_tree).unwrap_err();
+        assert!(e.contains("encrypted volumes need CSI PVs"), "{e}");
     }
 
     #[test]

@@ -14,6 +14,8 @@ use provisioner::{
 };
 
 use rbd_volume::clusters::ClusterConfigFile;
+use rbd_volume::encryption::secrets::SecretStore;
+use rbd_volume::encryption::{Encryption, Kms};
 use rbd_volume::{Claimant, ClusterRef, Fit, Hooks, NewImage, Step};
 
 use crate::backend::image::{Naming, Owner};
@@ -57,11 +59,15 @@ pub struct BackendConfig {
     /// Node label keys that make up a node's topology (`--topology-labels`), for
     /// `topologyConstrainedPools`.
     pub topology_labels: Vec<String>,
+    /// The KMS configuration of encrypted classes (`--kms-config`), read per use.
+    pub kms_config: std::path::PathBuf,
 }
 
 /// Provisions, deletes and expands RBD images.
 pub struct RbdBackend {
     client: Client,
+    /// The Kubernetes Secrets of KMS entries that keep keys in (or behind) Secrets.
+    kms_secrets: Arc<dyn SecretStore>,
     ceph: ConnectionPool,
     config: BackendConfig,
     csi_driver_seen: tokio::sync::Mutex<Option<(Instant, bool)>>,
@@ -73,6 +79,7 @@ pub struct RbdBackend {
 impl RbdBackend {
     pub fn new(client: Client, ceph: ConnectionPool, config: BackendConfig) -> Arc<RbdBackend> {
         Arc::new(RbdBackend {
+            kms_secrets: Arc::new(rbd_csi::kube_secrets::KubeSecrets::new(client.clone())),
             client,
             ceph,
             config,
@@ -189,6 +196,57 @@ impl RbdBackend {
         Ok((location, monitors, admin_id, key))
     }
 
+    /// The KMS of entry `kms_id` (`encryptionKMSID`), from the KMS configuration.
+    async fn kms(&self, kms_id: &str) -> Result<Box<dyn Kms>, String> {
+        rbd_volume::encryption::load_kms(
+            &self.config.kms_config,
+            Some(self.kms_secrets.clone()),
+            kms_id,
+        )
+        .await
+        .map_err(|e| {
+            format!(
+                "StorageClass parameter {:?}: {e}",
+                rbd_volume::encryption::PARAM_KMS_ID
+            )
+        })
+    }
+
+    /// The snapshot-time step of the volume core: a snapshot of an encrypted volume gets its own
+    /// copy of the key where the KMS keeps keys apart from the image.
+    pub(crate) async fn copy_key_to_snapshot(
+        &self,
+        snapshot: &rbd_volume::encryption::Target<'_>,
+        source: &rbd_volume::encryption::Target<'_>,
+    ) -> Result<(), rbd_volume::encryption::EncryptionError> {
+        rbd_volume::encryption::copy_key_to_snapshot(
+            snapshot,
+            source,
+            &self.config.kms_config,
+            Some(self.kms_secrets.clone()),
+        )
+        .await
+    }
+
+    /// Removes a deleted volume's (or snapshot's) key where its KMS keeps it apart from the image
+    /// ([`rbd_volume::encryption::remove_key`]: a failure is logged).
+    pub(crate) async fn remove_key(
+        &self,
+        image: (&ceph_rbd::Cluster, &str, &str),
+        volume_id: &str,
+        kms_id: &str,
+    ) {
+        let secrets = Some(self.kms_secrets.clone());
+        rbd_volume::encryption::remove_key(
+            image,
+            volume_id,
+            &self.config.kms_config,
+            secrets,
+            kms_id,
+        )
+        .await;
+    }
+
     /// The monitors of `cluster`: given, or for a `clusterID` as the cluster config says now.
     pub(crate) fn monitors_of(&self, cluster: &ClusterRef) -> Result<String, String> {
         let monitors = cluster
@@ -257,6 +315,7 @@ impl RbdBackend {
         claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
         source: &crate::backend::sources::Resolved,
         (class_cluster, class_monitors): (&ClusterRef, &str),
+        encrypted: Option<&Encrypted<'_>>,
     ) -> Result<(), ProvisionError> {
         use crate::backend::sources::Resolved;
         use rbd_volume::snapshot::{self, NewClone, SnapshotError, Source};
@@ -297,6 +356,17 @@ impl RbdBackend {
                 image: source_image,
             }
         };
+        // a restore or clone is encrypted exactly when its source is
+        let source_encrypted =
+            rbd_volume::encryption::is_encrypted(cluster, &source_pool, source_image)
+                .await
+                .map_err(|e| ProvisionError::final_error(format!("the data source: {e}")))?;
+        rbd_volume::encryption::check_source(
+            &format!("{source_pool}/{source_image}"),
+            source_encrypted,
+            encrypted.map(|e| e.settings),
+        )
+        .map_err(|e| ProvisionError::final_error(class_parameter_error(e)))?;
         provisioner::data_source::protection::protect(&self.client, ns, &source.data_source())
             .await
             .map_err(ProvisionError::final_error)?;
@@ -307,10 +377,68 @@ impl RbdBackend {
             Err(e) => return Err(ProvisionError::final_error(e)),
         }
         crashpoint::hit("after-volume-clone");
+        if let Some(encrypted) = encrypted {
+            let source = rbd_volume::encryption::Target {
+                cluster,
+                pool: &source_pool,
+                image: source_image,
+                volume_id: &source_id,
+                tenant: encrypted.settings.tenant.as_deref(),
+            };
+            encrypted.store_key(cluster, new, Some(&source)).await?;
+        }
         // The source keeps its protection finalizer until this claim is Bound (the PV saved):
         // the protection controller takes it off then, as external-provisioner does. Released
         // here, the source could be deleted while a crash before the PV save still needs it.
         Ok(())
+    }
+}
+
+/// A volume being made encrypted: its settings (tenant: the claim's namespace), its KMS and its
+/// CSI volume handle (which the KMSs key and salt by, as the node reads it from the PV).
+struct Encrypted<'a> {
+    settings: &'a Encryption,
+    kms: Box<dyn Kms>,
+    volume_id: String,
+}
+
+impl Encrypted<'_> {
+    /// The create-time step of the volume core, after the image exists: its key stored (a new
+    /// one, or its source's for a restore or clone).
+    async fn store_key(
+        &self,
+        cluster: &ceph_rbd::Cluster,
+        new: &NewImage<'_>,
+        source: Option<&rbd_volume::encryption::Target<'_>>,
+    ) -> Result<(), ProvisionError> {
+        let target = rbd_volume::encryption::Target {
+            cluster,
+            pool: new.pool,
+            image: new.image,
+            volume_id: &self.volume_id,
+            tenant: self.settings.tenant.as_deref(),
+        };
+        rbd_volume::encryption::prepare(&target, self.kms.as_ref(), source)
+            .await
+            .map_err(|e| {
+                let text = format!("storing the volume's key: {e}");
+                match e {
+                    rbd_volume::encryption::EncryptionError::Ceph { .. } => {
+                        ProvisionError::in_background(text)
+                    }
+                    _ => ProvisionError::final_error(text),
+                }
+            })
+    }
+}
+
+/// An encryption parameter problem as the class's (the built-in provisioner's wording).
+fn class_parameter_error(e: rbd_volume::encryption::EncryptionError) -> String {
+    match e {
+        rbd_volume::encryption::EncryptionError::Parameter { field, problem } => {
+            format!("StorageClass parameter {field:?}: {problem}")
+        }
+        other => other.to_string(),
     }
 }
 
@@ -343,9 +471,6 @@ impl Provisioner for RbdBackend {
     async fn provision(&self, options: ProvisionOptions) -> Result<Provisioned, ProvisionError> {
         let class = &options.storage_class;
         let raw = class.parameters.clone().unwrap_or_default();
-        if let Some(refusal) = rbd_volume::encryption::builtin_provisioner_refusal(raw.keys()) {
-            return Err(ProvisionError::final_error(refusal));
-        }
         let params = Parameters::parse(&raw).map_err(ProvisionError::final_error)?;
         claim::check_modes(&options.claim).map_err(ProvisionError::final_error)?;
         let request = provisioner::quantity::claim_request(&options.claim).map(|q| q.0.as_str());
@@ -381,6 +506,25 @@ impl Provisioner for RbdBackend {
                 crate::backend::pv_build::namespace_needs_csi(&namespace),
             ));
         }
+        // An encrypted class's KMS entry is resolved before anything is made; the claim's
+        // namespace is the tenant (ceph-csi's default secretNamespace of a metadata KMS).
+        let encryption = params.encryption.clone().map(|mut e| {
+            e.tenant.clone_from(&options.claim.metadata.namespace);
+            e
+        });
+        if encryption.is_some() && source == PvSource::InTree {
+            return Err(ProvisionError::final_error(
+                crate::backend::pv_build::encryption_needs_csi(),
+            ));
+        }
+        let kms = match &encryption {
+            Some(e) => Some(
+                self.kms(&e.kms_id)
+                    .await
+                    .map_err(ProvisionError::final_error)?,
+            ),
+            None => None,
+        };
         let placement = place(
             &params,
             options.selected_node.as_ref(),
@@ -421,6 +565,21 @@ impl Provisioner for RbdBackend {
             stripe_count: params.stripe_count,
         };
         let pool_spec = ceph_rbd::pool_spec(&pool, &namespace);
+        let encrypted = match (&encryption, kms) {
+            (Some(settings), Some(kms)) => Some(Encrypted {
+                settings,
+                kms,
+                volume_id: crate::backend::pv_build::csi_handle(
+                    params.cluster_id.as_deref(),
+                    &class_monitors,
+                    &pool,
+                    &namespace,
+                    &image,
+                )
+                .map_err(ProvisionError::final_error)?,
+            }),
+            _ => None,
+        };
         let new = NewImage {
             pool: &pool_spec,
             image: &image,
@@ -442,6 +601,9 @@ impl Provisioner for RbdBackend {
                 rbd_volume::ensure(&cluster, &new, &CRASH_POINTS)
                     .await
                     .map_err(provision_error)?;
+                if let Some(encrypted) = &encrypted {
+                    encrypted.store_key(&cluster, &new, None).await?;
+                }
             }
             Some(source) => {
                 self.clone_from(
@@ -450,6 +612,7 @@ impl Provisioner for RbdBackend {
                     &options.claim,
                     source,
                     (&class_cluster, &class_monitors),
+                    encrypted.as_ref(),
                 )
                 .await?;
             }
@@ -468,6 +631,7 @@ impl Provisioner for RbdBackend {
             source,
             csi_driver: &self.config.csi_driver,
             identity: &self.config.identity,
+            encryption: encryption.as_ref(),
         })
         .map_err(ProvisionError::final_error)?;
         Ok(Provisioned {
@@ -497,10 +661,24 @@ impl Provisioner for RbdBackend {
         // the owner record is read from the image header (no open) before the removal, which
         // librbd refuses for a watched image; snapshot images and clone intermediates made from
         // this volume (CSI snapshots) are released first
+        // read before the image (and its metadata) goes
+        let kms_id = rbd_volume::encryption::recorded_kms_id(&cluster, pool, image)
+            .await
+            .unwrap_or_default();
         rbd_volume::delete_volume(&cluster, pool, image, &claimant, &CRASH_POINTS)
             .await
-            .map(drop)
-            .map_err(DeleteError::failed)
+            .map_err(DeleteError::failed)?;
+        if let Some(kms_id) = kms_id {
+            let volume_id = volume
+                .spec
+                .as_ref()
+                .and_then(|s| s.csi.as_ref())
+                .map(|c| c.volume_handle.as_str())
+                .unwrap_or_default();
+            self.remove_key((&cluster, pool, image), volume_id, &kms_id)
+                .await;
+        }
+        Ok(())
     }
 
     fn supports_block(&self) -> bool {

@@ -110,6 +110,24 @@ impl Snapshotter for RbdBackend {
         )
         .encode()
         .map_err(SnapshotError::final_error)?;
+        // a snapshot of an encrypted volume gets its own copy of the key where the KMS keeps
+        // keys apart from the image
+        let pool = source.pool_spec();
+        let snapshot_target = rbd_volume::encryption::Target {
+            cluster: &cluster,
+            pool: &pool,
+            image: &snap.image,
+            volume_id: &handle,
+            tenant: None,
+        };
+        let source_target = rbd_volume::encryption::Target {
+            image: &source.image,
+            volume_id: volume_handle,
+            ..snapshot_target
+        };
+        self.copy_key_to_snapshot(&snapshot_target, &source_target)
+            .await
+            .map_err(|e| SnapshotError::retriable(format!("copying the volume's key: {e}")))?;
         Ok(info(handle, &snap))
     }
 
@@ -143,10 +161,19 @@ impl Snapshotter for RbdBackend {
             .await?;
         let cluster = self.snapshot_cluster(&id.cluster, &user, key).await?;
         crashpoint::hit("before-snapshot-delete");
-        let deleted = snapshot::delete_snapshot(&cluster, &id.pool_spec(), &id.image)
+        let pool = id.pool_spec();
+        // read before the snapshot image (and its metadata) goes
+        let kms_id = rbd_volume::encryption::recorded_kms_id(&cluster, &pool, &id.image)
+            .await
+            .unwrap_or_default();
+        let deleted = snapshot::delete_snapshot(&cluster, &pool, &id.image)
             .await
             .map_err(SnapshotError::retriable)?;
         crashpoint::hit("after-snapshot-delete");
+        if let Some(kms_id) = kms_id {
+            self.remove_key((&cluster, &pool, &id.image), handle, &kms_id)
+                .await;
+        }
         tracing::debug!(snapshot_handle = %handle, ?deleted, "snapshot image deleted");
         Ok(())
     }

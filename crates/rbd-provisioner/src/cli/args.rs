@@ -180,6 +180,11 @@ pub struct ProvisionerArgs {
     /// `clusterID` instead of `monitors`; re-read when it changes.
     #[arg(long, env = "CLUSTER_CONFIG")]
     pub cluster_config: Option<PathBuf>,
+    /// KMS configuration of encrypted volumes (ceph-csi's `config.json` of the `ConfigMap`
+    /// `ceph-csi-encryption-kms-config`): the entries a class's `encryptionKMSID` names. Read
+    /// when an encrypted volume is created or deleted.
+    #[arg(long, env = "KMS_CONFIG", default_value = rbd_volume::encryption::DEFAULT_KMS_CONFIG)]
+    pub kms_config: PathBuf,
     /// Node label keys that make up a node's topology, comma-separated (e.g.
     /// `topology.kubernetes.io/zone`), for classes with `topologyConstrainedPools`.
     #[arg(long, env = "TOPOLOGY_LABELS", default_value = "", value_parser = topology_labels)]

@@ -67,6 +67,7 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
             op_timeout: args.command_timeout,
             clusters,
             topology_labels: args.topology_labels.0.clone(),
+            kms_config: args.kms_config.clone(),
         },
     );
 

@@ -378,6 +378,18 @@ impl Harness {
             .collect()
     }
 
+    /// A librbd connection to the test cluster as its admin.
+    pub async fn ceph_cluster(&self) -> std::sync::Arc<ceph_rbd::Cluster> {
+        ceph_rbd::ConnectionPool::default()
+            .get(&ceph_rbd::ClusterConfig::new(
+                &self.ceph.monitors,
+                "admin",
+                ceph_rbd::Secret::new(self.ceph.admin_key.clone()),
+            ))
+            .await
+            .unwrap()
+    }
+
     pub fn image_meta(&self, image: &str, key: &str) -> Option<String> {
         self.ceph
             .rbd(&[

@@ -117,11 +117,23 @@ pub async fn wait_ready(h: &Harness, name: &str) -> DynamicObject {
 
 /// A claim of class `csi` whose `spec.dataSource` is `kind`/`source`.
 pub async fn create_claim_from(h: &Harness, name: &str, size: &str, kind: &str, source: &str) {
+    create_claim_of_class_from(h, name, "csi", size, kind, source).await;
+}
+
+/// A claim of `class` whose `spec.dataSource` is `kind`/`source`.
+pub async fn create_claim_of_class_from(
+    h: &Harness,
+    name: &str,
+    class: &str,
+    size: &str,
+    kind: &str,
+    source: &str,
+) {
     let group = (kind == "VolumeSnapshot").then_some("snapshot.storage.k8s.io");
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
-            "storageClassName": "csi",
+            "storageClassName": class,
             "accessModes": ["ReadWriteOnce"],
             "volumeMode": "Filesystem",
             "resources": {"requests": {"storage": size}},

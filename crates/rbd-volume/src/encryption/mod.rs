@@ -166,28 +166,6 @@ pub fn context(encryption: &Encryption) -> Vec<(String, String)> {
     context
 }
 
-/// The built-in provisioner's answer to a class with encryption parameters (keys compared
-/// without case, as its parameters are): a refusal naming the parameter. Its in-tree `rbd` PVs
-/// cannot carry encryption (the in-tree volume source has no such field, and the kubelet's
-/// in-tree plugin would mount the ciphertext), and it does not make encrypted CSI PVs; the CSI
-/// controller does.
-#[must_use]
-pub fn builtin_provisioner_refusal<'a>(
-    keys: impl IntoIterator<Item = &'a String>,
-) -> Option<String> {
-    let key = keys.into_iter().find(|k| {
-        [PARAM_ENCRYPTED, PARAM_TYPE, PARAM_KMS_ID]
-            .iter()
-            .any(|p| k.eq_ignore_ascii_case(p))
-    })?;
-    Some(format!(
-        "StorageClass parameter {key:?}: encrypted volumes are made by the CSI controller \
-         (`rbd-provisioner csi` behind the external-provisioner, a class whose provisioner is \
-         the CSI driver's name), not by the built-in provisioner: the in-tree rbd PVs it makes \
-         cannot carry encryption, and it does not make encrypted CSI PVs"
-    ))
-}
-
 /// A restore or a clone shares its source's data, so it must be encrypted exactly when its
 /// source is: an encrypted source's data is ciphertext only its key opens; an unencrypted
 /// source's data has no LUKS header to open.
@@ -249,6 +227,93 @@ pub async fn recorded_kms_id(
         .metadata_get(pool, image, META_KMS_ID)
         .await?
         .filter(|v| !v.trim().is_empty()))
+}
+
+/// The KMS of entry `kms_id` (a class's `encryptionKMSID`), from the KMS configuration file at
+/// `path` (read on a blocking thread: it is read per call, so an edited ConfigMap applies to
+/// the next volume), with `secrets` for the entries that keep keys in Kubernetes Secrets.
+///
+/// # Errors
+/// [`EncryptionError::Config`] naming the file, [`EncryptionError::UnknownKms`] and
+/// [`EncryptionError::Kms`] naming the entry.
+pub async fn load_kms(
+    path: &std::path::Path,
+    secrets: Option<std::sync::Arc<dyn secrets::SecretStore>>,
+    kms_id: &str,
+) -> Result<Box<dyn Kms>, EncryptionError> {
+    let owned = path.to_path_buf();
+    let config = tokio::task::spawn_blocking(move || KmsConfig::load(&owned))
+        .await
+        .map_err(|e| EncryptionError::Config {
+            path: path.display().to_string(),
+            problem: format!("reading it: {e}"),
+        })??;
+    config.with_secrets(secrets).kms(kms_id)
+}
+
+/// The delete-time step of an encrypted volume (or snapshot), after its image is gone: its key
+/// goes where its KMS (entry `kms_id`, as the image recorded it) keeps keys apart from the image
+/// (a per-volume Secret); with the `metadata` KMSs it went with the image. A failure is logged, not returned: the image is gone, and a retried delete would
+/// no longer know the entry; the key's Secret is labelled and annotated with its image for a
+/// manual clean-up.
+pub async fn remove_key(
+    (cluster, pool, image): (&Cluster, &str, &str),
+    volume_id: &str,
+    kms_config: &std::path::Path,
+    secrets: Option<std::sync::Arc<dyn secrets::SecretStore>>,
+    kms_id: &str,
+) {
+    let target = Target {
+        cluster,
+        pool,
+        image,
+        volume_id,
+        tenant: None,
+    };
+    let removed = match load_kms(kms_config, secrets, kms_id).await {
+        Ok(kms) if kms.keeps_key_apart() => kms.remove_dek(&target).await,
+        Ok(_) => Ok(()),
+        Err(e) => Err(e),
+    };
+    if let Err(error) = removed {
+        tracing::warn!(
+            pool,
+            image,
+            kms = kms_id,
+            %error,
+            "the deleted volume's key was not removed"
+        );
+    }
+}
+
+/// The snapshot-time step: a snapshot of an encrypted volume whose KMS keeps keys apart from the
+/// image gets its own copy of the volume's key (with the `metadata` KMSs the snapshot image's
+/// metadata carries it already), so that restores from it outlive the volume. Nothing for an
+/// unencrypted source. Idempotent.
+///
+/// # Errors
+/// [`EncryptionError::Ceph`] reading the source's KMS entry (entry `""`); the KMS
+/// configuration's and the KMS's errors, naming the entry.
+pub async fn copy_key_to_snapshot(
+    snapshot: &Target<'_>,
+    source: &Target<'_>,
+    kms_config: &std::path::Path,
+    secrets: Option<std::sync::Arc<dyn secrets::SecretStore>>,
+) -> Result<(), EncryptionError> {
+    let kms_id = recorded_kms_id(source.cluster, source.pool, source.image)
+        .await
+        .map_err(|source| EncryptionError::Ceph {
+            id: String::new(),
+            source,
+        })?;
+    let Some(kms_id) = kms_id else {
+        return Ok(());
+    };
+    let kms = load_kms(kms_config, secrets, &kms_id).await?;
+    if kms.keeps_key_apart() {
+        prepare(snapshot, kms.as_ref(), Some(source)).await?;
+    }
+    Ok(())
 }
 
 /// The create-time step of an encrypted volume, after its image exists: unless a DEK is stored
@@ -339,19 +404,6 @@ mod tests {
                 tenant: None,
             }))
         );
-    }
-
-    #[test]
-    fn the_builtin_provisioner_refuses_encryption_parameters_by_name() {
-        let keys = ["pool".to_owned(), "EncryptionKMSID".to_owned()];
-        let refusal = builtin_provisioner_refusal(&keys);
-        assert!(
-            refusal
-                .as_deref()
-                .is_some_and(|r| r.starts_with("StorageClass parameter \"EncryptionKMSID\":")),
-            "{refusal:?}"
-        );
-        assert_eq!(builtin_provisioner_refusal(&["pool".to_owned()]), None);
     }
 
     #[test]
