@@ -16,7 +16,8 @@
 //! claim's PV holds one of its volumes. The source's protection finalizer while a claim is made
 //! from it is [`super::protection`]'s.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
@@ -92,6 +93,14 @@ fn volume_mode(claim: &PersistentVolumeClaim) -> &str {
 
 fn request_bytes(claim: &PersistentVolumeClaim) -> Option<u64> {
     crate::quantity::claim_request_bytes(claim)
+}
+
+/// `reference` names `object`: the same name and namespace, and the same uid (none on both
+/// sides counts as the same, as external-provisioner compares them).
+fn refers_to(reference: &ObjectReference, object: &ObjectMeta) -> bool {
+    reference.name.as_deref() == Some(object.name.as_deref().unwrap_or_default())
+        && reference.namespace.as_deref() == Some(object.namespace.as_deref().unwrap_or_default())
+        && reference.uid == object.uid
 }
 
 /// The claim's source, read from the API and checked; `None` without one.
@@ -183,13 +192,8 @@ pub fn check_snapshot<B: SourceBackend>(
     what: &str,
 ) -> Result<ResolvedBy<B>, String> {
     let name = vs.metadata.name.as_deref().unwrap_or_default();
-    let ns = vs.metadata.namespace.as_deref().unwrap_or_default();
     let content_name = content.metadata.name.as_deref().unwrap_or_default();
-    let snapshot_ref = &content.spec.volume_snapshot_ref;
-    let ref_ok = snapshot_ref.name.as_deref() == Some(name)
-        && snapshot_ref.namespace.as_deref() == Some(ns)
-        && snapshot_ref.uid == vs.metadata.uid;
-    if !ref_ok {
+    if !refers_to(&content.spec.volume_snapshot_ref, &vs.metadata) {
         return Err(format!(
             "{what}: VolumeSnapshotContent {content_name} is bound to another snapshot \
              (spec.volumeSnapshotRef does not name it)"
@@ -334,14 +338,12 @@ pub fn check_source_volume<B: SourceBackend>(
     what: &str,
 ) -> Result<ResolvedBy<B>, String> {
     let name = source.metadata.name.as_deref().unwrap_or_default();
-    let ns = source.metadata.namespace.as_deref().unwrap_or_default();
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
-    let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
-    let bound_to_it = claim_ref.is_some_and(|r| {
-        r.name.as_deref() == Some(name)
-            && r.namespace.as_deref() == Some(ns)
-            && r.uid == source.metadata.uid
-    });
+    let bound_to_it = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .is_some_and(|r| refers_to(r, &source.metadata));
     if !bound_to_it || pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
         return Err(format!(
             "{what}: its PersistentVolume {pv_name} is not Bound to it (spec.claimRef)"
