@@ -6,11 +6,13 @@
 //! gate `CrossNamespaceVolumeDataSource` and a `ReferenceGrant` upstream; they are refused here.
 //! Other kinds (volume populators) are refused too: this provisioner populates nothing else.
 //!
-//! [`protection`] holds external-provisioner's protection finalizers on a source while a claim
-//! is made from it.
+//! [`checks`] holds external-provisioner's checks of such a source before a volume is made
+//! from it (generic over the backend's reading of snapshot handles and volumes), [`protection`]
+//! its protection finalizers on the source meanwhile.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
+pub mod checks;
 pub mod protection;
 
 /// API group of VolumeSnapshots.

@@ -1,5 +1,6 @@
-//! `rbd-provisioner` as a library: the modules of the binary (`main.rs` is a thin entry point
-//! over them), so its tests use the real modules. Not a stable API.
+//! `rbd-provisioner` as a library: the modules of the binary, for its tests. Not a stable API.
+//!
+//! `main.rs` is a thin entry point over them, so the tests use the real modules.
 //!
 //! - [`backend`]: the RBD backend of the `provisioner` library (provisioning, expansion,
 //!   modification, snapshots, data sources, attachment), on the volume core (`rbd-volume`,

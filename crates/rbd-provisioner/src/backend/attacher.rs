@@ -1,7 +1,9 @@
-//! The built-in attach controller: what the external-attacher sidecar does for a CSI driver with
-//! `attachRequired: true`, acting on the VolumeAttachment objects of our driver
-//! (`spec.attacher`) and publishing through the volume core ([`rbd_volume::publish`]), the
-//! implementation the CSI controller's `ControllerPublishVolume` uses too.
+//! The built-in attach controller: the external-attacher sidecar's work for our CSI driver.
+//!
+//! What the sidecar does for a CSI driver with `attachRequired: true`, acting on the
+//! VolumeAttachment objects of our driver (`spec.attacher`) and publishing through the volume
+//! core ([`rbd_volume::publish`]), the implementation the CSI controller's
+//! `ControllerPublishVolume` uses too.
 //!
 //! For each VolumeAttachment of ours, as the sidecar does (same names, so the two can take turns):
 //! 1. not being deleted and not `status.attached`: the finalizer

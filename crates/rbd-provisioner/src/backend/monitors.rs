@@ -1,5 +1,7 @@
-//! Monitor addresses: hostnames are resolved with the system resolver (the node's
-//! /etc/resolv.conf and /etc/hosts), never through cluster DNS lookups of our own.
+//! Monitor addresses resolved to IP addresses with the system resolver.
+//!
+//! Hostnames are resolved as the node resolves them (its /etc/resolv.conf and /etc/hosts),
+//! never through cluster DNS lookups of our own.
 
 /// A monitor could not be resolved.
 #[derive(Debug, thiserror::Error)]

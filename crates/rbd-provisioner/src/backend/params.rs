@@ -1,5 +1,7 @@
-//! StorageClass parameters: the old `ceph.com/rbd` provisioner's set, with its defaults and rules,
-//! plus documented extensions. Pure: no I/O.
+//! StorageClass parameters of the built-in provisioner, parsed and checked. Pure: no I/O.
+//!
+//! The old `ceph.com/rbd` provisioner's set, with its defaults and rules, plus documented
+//! extensions.
 //!
 //! Keys are case-insensitive. An unknown key, a duplicate key (in different case), an empty
 //! required value or a malformed value is an error naming the parameter.

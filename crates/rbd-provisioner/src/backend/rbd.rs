@@ -8,6 +8,7 @@ use ceph_rbd::{ClusterConfig, ConnectionPool, CreateOptions};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use kube::{Api, Client};
+use provisioner::data_source::checks;
 use provisioner::{
     DeleteError, ExpandError, ExpandOutcome, Expander, ProvisionError, ProvisionOptions,
     Provisioned, Provisioner, SecretRef,
@@ -23,6 +24,7 @@ use crate::backend::params::{Parameters, PvSource};
 use crate::backend::pv_build::{
     ANN_ADMIN_ID, ImageLocation, VolumeInputs, build_volume, image_location,
 };
+use crate::backend::sources::{RbdSources, Resolved};
 use crate::backend::topology::{Placement, place};
 use crate::backend::{claim, monitors, secrets};
 use crate::cli::crashpoint;
@@ -313,18 +315,21 @@ impl RbdBackend {
         cluster: &ceph_rbd::Cluster,
         new: &NewImage<'_>,
         claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
-        source: &crate::backend::sources::Resolved,
+        source: &Resolved,
         (class_cluster, class_monitors): (&ClusterRef, &str),
         encrypted: Option<&Encrypted<'_>>,
     ) -> Result<(), ProvisionError> {
-        use crate::backend::sources::Resolved;
         use rbd_volume::snapshot::{self, NewClone, SnapshotError, Source};
         let ns = claim.metadata.namespace.as_deref().unwrap_or("default");
         let (source_cluster, source_pool, source_image, source_id, is_snapshot) = match source {
-            Resolved::Snapshot { id, handle, .. } => {
-                (&id.cluster, id.pool_spec(), &id.image, handle.clone(), true)
-            }
-            Resolved::Volume { location, .. } => (
+            Resolved::Snapshot {
+                snapshot: id,
+                handle,
+                ..
+            } => (&id.cluster, id.pool_spec(), &id.image, handle.clone(), true),
+            Resolved::Volume {
+                volume: location, ..
+            } => (
                 &location.cluster,
                 location.pool_spec(),
                 &location.image,
@@ -588,14 +593,13 @@ impl Provisioner for RbdBackend {
             owner: &owner,
             fit: Fit::Grow,
         };
-        let data_source = crate::backend::sources::resolve(
-            &self.client,
-            &self.snapshot_drivers(),
-            &self.config.csi_driver,
-            &options.claim,
-        )
-        .await
-        .map_err(ProvisionError::final_error)?;
+        let sources = RbdSources {
+            snapshot_drivers: self.snapshot_drivers(),
+            csi_driver: &self.config.csi_driver,
+        };
+        let data_source = checks::resolve(&self.client, &sources, &options.claim)
+            .await
+            .map_err(ProvisionError::final_error)?;
         match &data_source {
             None => {
                 rbd_volume::ensure(&cluster, &new, &CRASH_POINTS)

@@ -1,6 +1,7 @@
-//! The RBD backend's snapshots: [`provisioner::snapshot::Snapshotter`] on the volume core's
-//! snapshots ([`rbd_volume::snapshot`]); the library's content controller does the Kubernetes
-//! side.
+//! The RBD backend's snapshots: [`provisioner::snapshot::Snapshotter`] on the volume core.
+//!
+//! Snapshots are the volume core's ([`rbd_volume::snapshot`]); the library's content
+//! controller does the Kubernetes side.
 //!
 //! Ours: contents whose `spec.driver` is the CSI driver name (`--csi-driver-name`, what the
 //! snapshot-controller copies from a VolumeSnapshotClass naming our driver) or the provisioner

@@ -1,5 +1,7 @@
-//! `topologyConstrainedPools` for the built-in provisioner: the pool of the zone (or any other
-//! topology domain) of the node the scheduler selected, and the PV's `nodeAffinity` to match.
+//! `topologyConstrainedPools` for the built-in provisioner: a pool per topology domain.
+//!
+//! The pool of the zone (or any other topology domain) of the node the scheduler selected, and
+//! the PV's `nodeAffinity` to match.
 //!
 //! A node's topology is the values of its labels named by `--topology-labels` (the same flag
 //! the CSI node service takes); a pool's `domainSegments` name domains, the last part of those

@@ -1,6 +1,8 @@
-//! Fault injection for crash-consistency tests: `RBD_PROVISIONER_CRASH_AT=<step>[:<n>]` makes the
-//! process abort (no cleanup, no unwinding, like a SIGKILL) the `n`-th time (default: the first)
-//! it reaches `<step>`. A later hit of the same step in the same process never aborts again.
+//! Fault injection for crash-consistency tests: the process aborts at a named step.
+//!
+//! `RBD_PROVISIONER_CRASH_AT=<step>[:<n>]` makes the process abort (no cleanup, no unwinding,
+//! like a SIGKILL) the `n`-th time (default: the first) it reaches `<step>`. A later hit of the
+//! same step in the same process never aborts again.
 //!
 //! Steps: the volume core's (`rbd_volume::Step`, `rbd_volume::Hooks`), reached through the hooks
 //! `backend/rbd.rs` passes to it:

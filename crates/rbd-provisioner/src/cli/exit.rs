@@ -1,5 +1,6 @@
-//! How the process ends, whichever way it ends (lease lost, SIGTERM/SIGINT, a fatal error, any
-//! subcommand).
+//! How the process ends, whichever way it ends.
+//!
+//! Lease lost, SIGTERM/SIGINT, a fatal error, any subcommand: the same way out.
 //!
 //! Returning from `main` or calling `std::process::exit` runs `atexit` handlers and the C++
 //! static destructors of libceph-common while Ceph's own threads (messenger, timers, librbd's

@@ -1,5 +1,7 @@
-//! The command line and the process around the controllers: flags, the provisioner and CSI
-//! entry points, how the process ends, the Kubernetes client, throttling, crash points.
+//! The command line and the process around the controllers.
+//!
+//! Flags, the provisioner and CSI entry points, how the process ends, the Kubernetes client,
+//! throttling, crash points.
 
 mod args;
 pub mod crashpoint;

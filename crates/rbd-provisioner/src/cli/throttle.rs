@@ -1,5 +1,6 @@
-//! Client-side request throttling (a token bucket), the `--kube-api-qps` / `--kube-api-burst`
-//! flags. Off by default: the API server has its own priority and fairness. It exists so that
+//! Client-side request throttling (a token bucket): `--kube-api-qps`, `--kube-api-burst`.
+//!
+//! Off by default: the API server has its own priority and fairness. It exists so that
 //! operators who must be gentle with a shared API server can be, and so that the benchmark can
 //! reproduce client-go's 5 qps / burst 10 defaults.
 

@@ -1,6 +1,8 @@
-//! `rbd-provisioner migrate`: replaces PVs with an in-tree `spec.rbd` source (the old
-//! `ceph.com/rbd` provisioner's, or an admin's) by PVs of our CSI driver with the same name,
-//! the same image and the same `claimRef`, without touching the data. See docs/migration.md.
+//! `rbd-provisioner migrate`: in-tree `rbd` PVs become CSI PVs of our driver, in place.
+//!
+//! Replaces PVs with an in-tree `spec.rbd` source (the old `ceph.com/rbd` provisioner's, or an
+//! admin's) by PVs of our CSI driver with the same name, the same image and the same
+//! `claimRef`, without touching the data. See docs/migration.md.
 //!
 //! Per PV, after the checks ([`plan`] and the I/O ones in [`apply`]):
 //!

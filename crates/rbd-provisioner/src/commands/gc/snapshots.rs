@@ -1,5 +1,6 @@
-//! gc of snapshot images (`csi-snap-...`) and clone intermediates (`csi-clone-...`), the
-//! volume core's internal images ([`rbd_volume::snapshot`]).
+//! gc of snapshot images (`csi-snap-...`) and clone intermediates (`csi-clone-...`).
+//!
+//! Both are the volume core's internal images ([`rbd_volume::snapshot`]).
 //!
 //! - A **snapshot image** is live while a `VolumeSnapshotContent` refers to it: its
 //!   `status.snapshotHandle` or (pre-provisioned) `spec.source.snapshotHandle` parses as a

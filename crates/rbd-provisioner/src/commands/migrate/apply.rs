@@ -1,5 +1,6 @@
-//! The I/O of one PV's migration: checks against the API and Ceph, then the crash-safe
-//! replacement (see the parent module). Each step is a crash point
+//! The I/O of one PV's migration: checks against the API and Ceph, then the replacement.
+//!
+//! The replacement is crash-safe (see the parent module). Each step is a crash point
 //! (`RBD_PROVISIONER_CRASH_AT`, `crashpoint.rs`):
 //!
 //! - `migrate-after-owner-record`: the image has our owner record, nothing else changed;
