@@ -96,7 +96,7 @@ pub fn kill_all(dirs: &[PathBuf]) {
 }
 
 /// [`kill_all`] that says whether the cgroups became empty in 10 s instead of panicking.
-fn kill_until_empty(dirs: &[PathBuf]) -> bool {
+pub fn kill_until_empty(dirs: &[PathBuf]) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let pids: Vec<u32> = dirs.iter().flat_map(|d| procs(d)).collect();
