@@ -125,8 +125,9 @@ pub struct CsiConfig {
     /// another Kubernetes cluster is refused). Default empty: not recorded, not compared.
     pub kube_cluster: String,
     /// Cgroup directories the rbd-fuse and rbd-nbd daemons are started in (host cgroups, so a
-    /// restart of the plugin's container does not kill them; [`crate::mapper::daemon`]).
-    /// Default none: the daemons only get a session of their own.
+    /// restart of the plugin's container does not kill them; [`crate::mapper::daemon`]), used as
+    /// they are: give what [`crate::mapper::daemon::DaemonPlacement::resolve`] made of the
+    /// configured ones. Default none: the daemons only get a session of their own.
     pub daemon_cgroups: Vec<PathBuf>,
     /// The KMS configuration of encrypted volumes (ceph-csi's `config.json` of the `ConfigMap`
     /// `ceph-csi-encryption-kms-config`), read when an encrypted volume is created or staged.

@@ -214,6 +214,33 @@ fn fatal_startup_errors_exit_with_status_1() {
     }
 }
 
+/// `--daemon-cgroup` naming a place that is no cgroup (here a temp dir) fails the node plugin's
+/// start, naming the flag and the directory, instead of the first fuse or nbd stage.
+#[test]
+fn a_daemon_cgroup_that_is_no_cgroup_fails_the_node_plugins_start_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemons = dir.path().join("host-cgroup/rbd-csi-daemons");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+        .args(["csi", "--services=node", "--node-id=n1"])
+        .arg(format!(
+            "--endpoint=unix://{}/csi.sock",
+            dir.path().display()
+        ))
+        .arg(format!("--daemon-cgroup={}", daemons.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--daemon-cgroup: {}: not a cgroup",
+            daemons.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("csi.sock").exists(), "nothing served");
+}
+
 #[test]
 fn version_names_the_linked_ceph_client() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))

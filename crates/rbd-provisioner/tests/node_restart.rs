@@ -1,15 +1,16 @@
 //! A published fuse volume survives the node plugin being killed the way a container runtime
-//! restarts a container: every process in the plugin's cgroup and process group gets SIGKILL.
-//! The plugin runs `rbd-provisioner csi --services=node` in a cgroup and process group of its
-//! own, with `--daemon-cgroup` naming another cgroup (as the DaemonSet names a host cgroup);
-//! its rbd-fuse daemon lives on there, the restarted plugin serves the same volume, writes and
-//! reads go through the published path, and unpublish/unstage clean up.
+//! restarts a container: every process in the plugin's cgroups (one in every hierarchy on a
+//! cgroup v1 host, as runc places a container) and process group gets SIGKILL. The plugin runs
+//! `rbd-provisioner csi --services=node` in cgroups and a process group of its own, with
+//! `--daemon-cgroup=/sys/fs/cgroup/NAME`, the form the DaemonSet passes (resolved to one cgroup
+//! per hierarchy on cgroup v1); its rbd-fuse daemon lives on there, the restarted plugin serves
+//! the same volume, writes and reads go through the published path, and unpublish/unstage clean
+//! up.
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use rbd_csi::proto::csi::node_client::NodeClient;
 use rbd_csi::proto::csi::volume_capability::{
@@ -21,55 +22,19 @@ use rbd_csi::proto::csi::{
 };
 use tonic::transport::Channel;
 
+#[path = "../../rbd-csi/tests/common/cgroups.rs"]
+mod cgroups;
 #[path = "support/node.rs"]
 mod node;
 
-/// Where test cgroups go: the cgroup v2 root, or cgroup v1's `pids` hierarchy.
-fn cgroup_base() -> PathBuf {
-    let root = Path::new("/sys/fs/cgroup");
-    if root.join("cgroup.controllers").exists() {
-        root.to_path_buf()
-    } else {
-        root.join("pids")
-    }
-}
-
-fn procs(cgroup: &Path) -> Vec<u32> {
-    std::fs::read_to_string(cgroup.join("cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
-/// SIGKILL to every process in `cgroup` until it is empty (what runc does on a container stop
-/// or restart), and to the process group `pgid`.
-fn kill_all(cgroup: &Path, pgid: Option<u32>) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    if let Some(pgid) = pgid {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{pgid}")])
-            .stderr(Stdio::null())
-            .status();
-    }
-    loop {
-        let pids = procs(cgroup);
-        if pids.is_empty() {
-            return;
-        }
-        for pid in pids {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .stderr(Stdio::null())
-                .status();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} not empty after 10 s of SIGKILL",
-            cgroup.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// SIGKILL to the process group `pgid` and to every process in `container` (its cgroups) until
+/// they are empty (what runc does on a container stop or restart).
+fn kill_container(container: &[PathBuf], pgid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stderr(Stdio::null())
+        .status();
+    cgroups::kill_all(container);
 }
 
 fn mounted(path: &Path) -> bool {
@@ -97,16 +62,14 @@ fn mounts_under(dir: &Path) -> Vec<String> {
 /// daemons killed, mounts and loop devices released, cgroups removed.
 struct Guard {
     dir: tempfile::TempDir,
-    cgroups: Vec<PathBuf>,
+    plugin_cgroups: Vec<PathBuf>,
+    daemon_cgroups: Vec<PathBuf>,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        for cgroup in &self.cgroups {
-            if cgroup.exists() && !cgroup.to_string_lossy().ends_with("-daemons") {
-                kill_all(cgroup, None);
-            }
-        }
+        // Plugins first, so that nothing stages again; rbd-fuse after its mounts are released.
+        cgroups::kill_until_empty(&self.plugin_cgroups);
         for mount in mounts_under(self.dir.path()) {
             if !mount.ends_with("/mnt") {
                 let _ = Command::new("umount").args(["-l", &mount]).status();
@@ -125,30 +88,34 @@ impl Drop for Guard {
         for mount in mounts_under(self.dir.path()) {
             let _ = Command::new("umount").args(["-l", &mount]).status();
         }
-        for cgroup in &self.cgroups {
-            if cgroup.exists() {
-                kill_all(cgroup, None);
-                let _ = std::fs::remove_dir(cgroup);
-            }
-        }
+        let all = self.plugin_cgroups.iter().chain(&self.daemon_cgroups);
+        drop(cgroups::Made(all.cloned().collect()));
     }
 }
 
-/// `rbd-provisioner csi --services=node` in the cgroup `cgroup` and a process group of its own.
+/// `rbd-provisioner csi --services=node` in the cgroups `container` and a process group of its
+/// own.
 struct Plugin {
     child: Child,
     socket: PathBuf,
 }
 
 impl Plugin {
-    fn start(dir: &Path, cgroup: &Path, daemons: &Path, round: u32) -> Plugin {
-        std::fs::create_dir_all(cgroup).unwrap();
+    fn start(dir: &Path, container: &[PathBuf], daemon_cgroup: &Path, round: u32) -> Plugin {
+        for cgroup in container {
+            cgroups::create_joinable(cgroup);
+        }
         let socket = dir.join("csi.sock");
-        // The shell moves itself into the cgroup, then becomes the plugin.
+        // The shell moves itself into every cgroup before "--", then becomes the plugin.
         let child = Command::new("sh")
             .arg("-c")
-            .arg(r#"echo 0 > "$0/cgroup.procs" && exec "$@""#)
-            .arg(cgroup)
+            .arg(
+                r#"while [ "$1" != -- ]; do echo 0 > "$1/cgroup.procs" || exit 1; shift; done
+                shift; exec "$@""#,
+            )
+            .arg("sh")
+            .args(container)
+            .arg("--")
             .arg(env!("CARGO_BIN_EXE_rbd-provisioner"))
             .args([
                 "csi",
@@ -158,7 +125,7 @@ impl Plugin {
             ])
             .arg(format!("--endpoint=unix://{}", socket.display()))
             .arg(format!("--runtime-dir={}", dir.join("run").display()))
-            .arg(format!("--daemon-cgroup={}", daemons.display()))
+            .arg(format!("--daemon-cgroup={}", daemon_cgroup.display()))
             .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -213,20 +180,18 @@ async fn a_published_fuse_volume_survives_the_plugin_killed_with_its_cgroup_and_
     let _ = ceph.rbd(&["rm", "--no-progress", &spec]);
     ceph.rbd(&["create", "--size", "64M", &spec]).unwrap();
 
-    let base = cgroup_base();
     let tag = format!("rbd-csi-test-{}", std::process::id());
     let plugin_cgroups = [
-        base.join(format!("{tag}-plugin-1")),
-        base.join(format!("{tag}-plugin-2")),
+        cgroups::in_every_hierarchy(&format!("{tag}-plugin-1")),
+        cgroups::in_every_hierarchy(&format!("{tag}-plugin-2")),
     ];
-    let daemons = base.join(format!("{tag}-daemons"));
+    // The DaemonSet's form: one directory below the host's cgroup mount point.
+    let daemon_cgroup = Path::new(cgroups::ROOT).join(format!("{tag}-daemons"));
+    let daemon_cgroups = cgroups::in_every_hierarchy(&format!("{tag}-daemons"));
     let guard = Guard {
         dir: tempfile::tempdir().unwrap(),
-        cgroups: vec![
-            plugin_cgroups[0].clone(),
-            plugin_cgroups[1].clone(),
-            daemons.clone(),
-        ],
+        plugin_cgroups: plugin_cgroups.concat(),
+        daemon_cgroups: daemon_cgroups.clone(),
     };
     let dir = guard.dir.path();
     let staging = dir.join("staging");
@@ -283,24 +248,34 @@ async fn a_published_fuse_volume_survives_the_plugin_killed_with_its_cgroup_and_
     };
 
     // First plugin: stage, publish, write.
-    let mut first = Plugin::start(dir, &plugin_cgroups[0], &daemons, 1);
+    let mut first = Plugin::start(dir, &plugin_cgroups[0], &daemon_cgroup, 1);
     let mut node = first.client().await;
+    for cgroup in &plugin_cgroups[0] {
+        assert_eq!(
+            cgroups::procs(cgroup),
+            [first.child.id()],
+            "the plugin runs in {}",
+            cgroup.display()
+        );
+    }
     node.node_stage_volume(stage.clone()).await.unwrap();
     node.node_publish_volume(publish.clone()).await.unwrap();
     drop(node);
     write_synced(&target.join("before.txt"), b"written by the first plugin").unwrap();
     let daemon_pids = fuse_pids(dir);
     assert_eq!(daemon_pids.len(), 1, "one rbd-fuse serves the volume");
-    assert_eq!(
-        procs(&daemons),
-        daemon_pids,
-        "rbd-fuse runs in --daemon-cgroup"
-    );
+    for cgroup in &daemon_cgroups {
+        assert_eq!(
+            cgroups::procs(cgroup),
+            daemon_pids,
+            "rbd-fuse runs in {} (--daemon-cgroup resolved for this host)",
+            cgroup.display()
+        );
+    }
 
-    // The container restart: SIGKILL to the process group and to all of the cgroup.
-    kill_all(&plugin_cgroups[0], Some(first.child.id()));
+    // The container restart: SIGKILL to the process group and to all of its cgroups.
+    kill_container(&plugin_cgroups[0], first.child.id());
     first.child.wait().unwrap();
-    let _ = std::fs::remove_dir(&plugin_cgroups[0]);
     assert_eq!(fuse_pids(dir), daemon_pids, "rbd-fuse outlived the plugin");
     // I/O works while no plugin runs.
     write_synced(
@@ -310,7 +285,7 @@ async fn a_published_fuse_volume_survives_the_plugin_killed_with_its_cgroup_and_
     .unwrap();
 
     // Second plugin: the volume is served as before, and unpublish/unstage work.
-    let second = Plugin::start(dir, &plugin_cgroups[1], &daemons, 2);
+    let second = Plugin::start(dir, &plugin_cgroups[1], &daemon_cgroup, 2);
     let mut node = second.client().await;
     node.node_stage_volume(stage.clone()).await.unwrap();
     node.node_publish_volume(publish.clone()).await.unwrap();
@@ -331,7 +306,9 @@ async fn a_published_fuse_volume_survives_the_plugin_killed_with_its_cgroup_and_
         fuse_pids(dir).is_empty(),
         "rbd-fuse ended with the last unstage"
     );
-    assert!(procs(&daemons).is_empty());
+    for cgroup in &daemon_cgroups {
+        assert!(cgroups::procs(cgroup).is_empty(), "{}", cgroup.display());
+    }
 
     // The data reached Ceph: staged afresh (a new rbd-fuse), every file reads back.
     node.node_stage_volume(stage).await.unwrap();

@@ -13,9 +13,11 @@
 //!   neither the daemon nor anything it forks (`rbd-nbd map` daemonizes) is ever in the
 //!   container's cgroup. Before that it enters the cgroup namespace of PID 1 (the host's, with
 //!   `hostPID`), since a private cgroup namespace forbids moves outside it. The directories are
-//!   host cgroups (a hostPath mount of the host's `/sys/fs/cgroup`): with cgroup v1 one per
-//!   hierarchy the runtime kills, freezes or limits by (`devices` and `freezer` for runc,
-//!   `pids`, `memory`), with cgroup v2 one directory. They are created when missing.
+//!   host cgroups (a hostPath mount of the host's `/sys/fs/cgroup`): with cgroup v2 one
+//!   directory, with cgroup v1 one in every hierarchy, since a runtime may kill, freeze or
+//!   limit by any of them. [`DaemonPlacement::resolve`] turns the one configured directory into
+//!   what the host needs and prepares each ([`super::cgroup`]); [`DaemonPlacement::command`]
+//!   prepares them again (a directory removed since is created anew).
 //!
 //! A restarted plugin adopts what it finds: the fuse mapper reuses a live `rbd-fuse` mount and
 //! counts its users from the kernel's loop devices, and waits for the old process through
@@ -32,6 +34,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use super::MapError;
+use super::cgroup::{self, CgroupError};
 
 /// Where data-path daemons are started; see the [module documentation](self).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -41,33 +44,45 @@ pub struct DaemonPlacement {
 }
 
 impl DaemonPlacement {
-    /// A placement in `cgroups`.
+    /// A placement in `cgroups`, taken as they are (see [`DaemonPlacement::resolve`]).
     #[must_use]
     pub fn in_cgroups(cgroups: Vec<PathBuf>) -> Self {
         Self { cgroups }
     }
 
-    /// A command for `program` that starts in a session of its own and in the configured
-    /// cgroups (created here when missing).
+    /// A placement in the cgroups the `configured` directories stand for on this host
+    /// ([`cgroup::resolve`]: the directory itself on cgroup v2 or inside a hierarchy, one per
+    /// mounted hierarchy below a cgroup v1 root), each listed once and prepared
+    /// ([`cgroup::prepare`]: created, a cgroup v1 cpuset filled, `cgroup.procs` writable). What
+    /// the node plugin does once at start, so a misconfiguration fails the start.
     ///
     /// # Errors
-    /// [`MapError::Io`] when a cgroup directory cannot be created or has no `cgroup.procs`.
+    /// The first directory that cannot be resolved or prepared, naming it and the problem.
+    pub fn resolve(configured: &[PathBuf]) -> Result<Self, CgroupError> {
+        let mut cgroups: Vec<PathBuf> = Vec::new();
+        for dir in configured {
+            for resolved in cgroup::resolve(dir)? {
+                if !cgroups.contains(&resolved) {
+                    cgroups.push(resolved);
+                }
+            }
+        }
+        for dir in &cgroups {
+            cgroup::prepare(dir)?;
+        }
+        Ok(Self { cgroups })
+    }
+
+    /// A command for `program` that starts in a session of its own and in the configured
+    /// cgroups (prepared here again: created when missing).
+    ///
+    /// # Errors
+    /// [`MapError::Cgroup`] when a cgroup cannot be prepared ([`cgroup::prepare`]).
     pub fn command(&self, program: &str) -> Result<tokio::process::Command, MapError> {
         let mut procs = Vec::with_capacity(self.cgroups.len());
         for dir in &self.cgroups {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| MapError::io("creating daemon cgroup", dir.display(), e))?;
+            cgroup::prepare(dir)?;
             let file = dir.join("cgroup.procs");
-            if !file.exists() {
-                return Err(MapError::io(
-                    "using daemon cgroup",
-                    dir.display(),
-                    std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "no cgroup.procs: not a cgroup directory",
-                    ),
-                ));
-            }
             procs.push(CString::new(file.as_os_str().as_bytes()).map_err(|e| {
                 MapError::io(
                     "using daemon cgroup",

@@ -16,6 +16,7 @@
 //! private runtime directory (tmpfs in a real deployment), created `0600`, removed when no longer
 //! needed ([`secret_file`]).
 
+pub mod cgroup;
 mod cli;
 pub mod daemon;
 pub mod fuse_loop;
@@ -161,6 +162,9 @@ pub struct MappedDevice {
 pub enum MapError {
     #[error(transparent)]
     Exec(#[from] ExecError),
+    /// A daemon cgroup cannot be used ([`daemon::DaemonPlacement`]).
+    #[error("daemon cgroup {0}")]
+    Cgroup(#[from] cgroup::CgroupError),
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+pub mod cgroups;
 pub mod controller;
 pub mod data;
 pub mod volume;

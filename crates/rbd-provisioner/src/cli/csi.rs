@@ -39,10 +39,12 @@ pub struct CsiArgs {
     /// Private runtime directory for key files and rbd-fuse instances; keep it on tmpfs.
     #[arg(long, default_value = "/run/rbd-csi")]
     pub runtime_dir: PathBuf,
-    /// Cgroup directories (each with a `cgroup.procs`) the rbd-fuse and rbd-nbd daemons start
-    /// in, so that they outlive a restart of the plugin's container: host cgroups, one per
-    /// cgroup v1 hierarchy or one with cgroup v2; created when missing. Repeat or separate with
-    /// commas. Default none (the daemons only get a session of their own).
+    /// Host cgroup the rbd-fuse and rbd-nbd daemons start in, so that they outlive a restart of
+    /// the plugin's container, e.g. /host-cgroup/rbd-csi-daemons with the host's
+    /// /sys/fs/cgroup mounted at /host-cgroup: used as is on a cgroup v2 host, one cgroup in
+    /// every mounted hierarchy (/host-cgroup/HIERARCHY/rbd-csi-daemons) on a cgroup v1 host; a
+    /// directory inside a hierarchy is used as is. Created at start when missing. Repeat or
+    /// separate with commas. Default none (the daemons only get a session of their own).
     #[arg(long, value_delimiter = ',')]
     pub daemon_cgroup: Vec<PathBuf>,
     /// How many volumes of this driver the node can have (NodeGetInfo's `max_volumes_per_node`,
@@ -126,6 +128,19 @@ async fn node_topology(
         .map_err(|e| anyhow::anyhow!("--topology-labels: {e}"))
 }
 
+/// `--daemon-cgroup` resolved for this host and prepared (node service only), so a cgroup the
+/// daemons cannot join fails the start rather than a stage.
+fn daemon_cgroups(args: &CsiArgs) -> anyhow::Result<Vec<PathBuf>> {
+    if args.daemon_cgroup.is_empty() || !args.services.node() {
+        return Ok(Vec::new());
+    }
+    let placement = rbd_csi::mapper::daemon::DaemonPlacement::resolve(&args.daemon_cgroup)
+        .map_err(|e| anyhow::anyhow!("--daemon-cgroup: {e}"))?;
+    tracing::info!(configured = ?args.daemon_cgroup, cgroups = ?placement.cgroups,
+        "rbd-fuse and rbd-nbd daemons start in these cgroups");
+    Ok(placement.cgroups)
+}
+
 /// Kubernetes Secrets for the KMS entries that keep or wrap keys with Secrets; without
 /// Kubernetes API access (a plugin run outside a cluster with no kubeconfig) such entries are
 /// refused when used, naming the entry, and everything else works.
@@ -168,6 +183,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         tracing::info!(node = %node_id, ?topology, "node topology");
         topology
     };
+    let daemon_cgroups = daemon_cgroups(&args)?;
     let secrets = kms_secrets(&args).await;
     let endpoint = PathBuf::from(
         args.endpoint
@@ -193,7 +209,7 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         topology_labels,
         node_topology,
         kube_cluster: args.kube.kube_cluster_id.clone().unwrap_or_default(),
-        daemon_cgroups: args.daemon_cgroup,
+        daemon_cgroups,
         kms_config: args.kms_config,
         secrets,
     };
