@@ -50,11 +50,15 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 # what a cargo test log says: "P passed, F failed", and the test targets cargo saw fail, which
 # includes a test binary that died (a signal, an abort) before it printed its own count
 result() {
-  local targets
-  grep -Eo '^test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$1" \
-    | awk '{p+=$4; f+=$6} END {printf "%d passed, %d failed", p, f}'
-  targets=$(grep -Eo '(to rerun pass|^ +)`-p [^`]*`' "$1" | grep -Eo '`[^`]*`' | sort -u | paste -sd' ' -)
+  local counts targets died
+  counts=$(grep -Eo '^test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$1" || true)
+  awk '{p+=$4; f+=$6} END {printf "%d passed, %d failed", p, f}' <<<"$counts"
+  targets=$(grep -Eo '(to rerun pass |^ +)`-p [^`]*`' "$1" | grep -Eo '`[^`]*`' | sort -u | paste -sd' ' - || true)
   [ -z "$targets" ] || printf '; targets cargo reported failing: %s' "$targets"
+  # a test binary that died: which, and how ("(signal: 6, SIGABRT: process abort signal)")
+  died=$(grep -Eo "process didn't exit successfully: \`[^ \`]*/deps/[^ \`]*.*\(signal: [^)]*\)" "$1" \
+    | sed -E 's|.*/deps/([^ `]*)-[0-9a-f]{16}.*(\(signal: [^)]*\))|; \1 died \2|' | sort -u | tr -d '\n' || true)
+  printf '%s' "$died"
 }
 status=0
 # every step that failed, named in the summary (a step can fail with no failed test counted: a
