@@ -110,6 +110,17 @@ fn the_csi_overlay_and_examples_render() {
             assert!(err.contains("Kubernetes API"), "{id}: {err}");
         }
         find(&encryption, "StorageClass", "rbd-encrypted");
+        // the built-in provisioner's class parses, encrypted, with a KMS entry the config has
+        let builtin = find(&encryption, "StorageClass", "rbd-encrypted-builtin");
+        assert_eq!(builtin["provisioner"], "ceph.com/rbd");
+        let raw: std::collections::BTreeMap<String, String> =
+            serde_yaml::from_value(builtin["parameters"].clone()).unwrap();
+        let params = rbd_provisioner::backend::params::Parameters::parse(&raw).unwrap();
+        let encryption = params.encryption.expect("an encrypted class");
+        assert!(
+            kms.kms(&encryption.kms_id)
+                .is_err_and(|e| e.to_string().contains("Kubernetes API"))
+        );
     }
     let Some(examples) = render("deploy/examples") else {
         return;
