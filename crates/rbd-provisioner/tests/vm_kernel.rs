@@ -52,6 +52,7 @@ const GUEST_TESTS: &[&str] = &[
     "guest_encrypted_krbd_filesystem_keeps_no_plaintext_on_the_image_and_grows",
     "guest_encrypted_nbd_block_volume_and_a_wrong_key_leaves_the_header_alone",
     "guest_encrypted_restore_and_clone_read_with_their_own_keys",
+    "guest_secret_kms_volumes_stage_through_luks_and_a_changed_kek_leaves_the_header_alone",
 ];
 
 /// Guest tests of behaviour the node does not have yet, with why: they run and their result is
@@ -1116,21 +1117,33 @@ fn kms_config(dir: &Path) -> PathBuf {
 /// Makes `vol` an encrypted volume of KMS entry `plain`, as a create through either front door
 /// does (the volume core's create-time step: a fresh key stored through the KMS).
 async fn encrypt(vol: &mut Volume<'_>, config: &Path) {
+    encrypt_with(vol, config, "plain", None).await;
+}
+
+/// Makes `vol` an encrypted volume of KMS entry `kms_id` (the Secrets of `secrets` for the
+/// entries that keep keys with Kubernetes Secrets).
+async fn encrypt_with(
+    vol: &mut Volume<'_>,
+    config: &Path,
+    kms_id: &str,
+    secrets: Option<std::sync::Arc<dyn rbd_volume::encryption::secrets::SecretStore>>,
+) {
     for (k, v) in [
         ("encrypted", "true"),
         ("encryptionType", "block"),
-        ("encryptionKMSID", "plain"),
+        ("encryptionKMSID", kms_id),
     ] {
         vol.context.insert(k.to_owned(), v.to_owned());
     }
-    let kms = rbd_volume::encryption::KmsConfig::load(config)
-        .and_then(|c| c.kms("plain"))
+    let kms = rbd_volume::encryption::load_kms(config, secrets, kms_id)
+        .await
         .expect("KMS entry");
+    let volume_id = vol.id();
     let target = rbd_volume::encryption::Target {
         cluster: &vol.rados,
         pool: &vol.cluster.pool,
         image: &vol.image,
-        volume_id: &vol.image,
+        volume_id: &volume_id,
         tenant: None,
     };
     rbd_volume::encryption::prepare(&target, kms.as_ref(), None)
@@ -1428,5 +1441,124 @@ fn guest_encrypted_restore_and_clone_read_with_their_own_keys() {
             copy.detach(&mut node).await;
         }
         assert_eq!(dm_devices(), 0);
+    });
+}
+
+/// The KMS entries that keep keys with Kubernetes Secrets, through the node plugin's own
+/// Kubernetes client (`--kubeconfig`) to an emulator in the guest: ceph-csi's `metadata` entry
+/// with a key-encryption Secret (`wrapped`, on krbd) and a Secret per volume (`per-volume`, on
+/// rbd-nbd). Each formats, writes, unstages, opens again and reads back; then the key-encryption
+/// Secret changes: the stage fails naming the entry and the Secret, and the LUKS header stays.
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_secret_kms_volumes_stage_through_luks_and_a_changed_kek_leaves_the_header_alone() {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use kube::api::{Api, PostParams};
+    guest(|| async {
+        let emulator = kube_emulator::Emulator::new();
+        let server = emulator
+            .serve("127.0.0.1:0".parse().expect("address"))
+            .await
+            .expect("serving the emulator");
+        let dir = plugin_dir("crypt-secrets");
+        let kubeconfig = dir.join("kubeconfig");
+        server
+            .write_kubeconfig(&kubeconfig)
+            .expect("writing the kubeconfig");
+        let client = emulator.client();
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "kms"}}))
+                .expect("namespace");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("creating namespace kms");
+        let kek = |passphrase: &str| -> Secret {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "kek", "namespace": "kms"},
+                "stringData": {"encryptionPassphrase": passphrase},
+            }))
+            .expect("secret")
+        };
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), "kms");
+        secrets
+            .create(&PostParams::default(), &kek("the first passphrase"))
+            .await
+            .expect("creating the key-encryption Secret");
+        let config = dir.join("kms.json");
+        std::fs::write(
+            &config,
+            r#"{"wrapped": {"encryptionKMSType": "metadata", "secretName": "kek", "secretNamespace": "kms"},
+                "per-volume": {"encryptionKMSType": "kubernetes-secret", "secretNamespace": "kms"}}"#,
+        )
+        .expect("kms config");
+        let plugin = Plugin::start(
+            &dir,
+            &[
+                &format!("--kms-config={}", config.display()),
+                &format!("--kubeconfig={}", kubeconfig.display()),
+            ],
+        );
+        let mut node = plugin.client().await;
+        let store: std::sync::Arc<dyn rbd_volume::encryption::secrets::SecretStore> =
+            std::sync::Arc::new(rbd_csi::kube_secrets::KubeSecrets::new(client.clone()));
+        let mut wrapped = Volume::new("crypt-wrapped", "krbd", 64).await;
+        encrypt_with(&mut wrapped, &config, "wrapped", Some(store.clone())).await;
+        let mut per_volume = Volume::new("crypt-per-volume", "rbd-nbd", 64).await;
+        encrypt_with(&mut per_volume, &config, "per-volume", Some(store)).await;
+        for vol in [&wrapped, &per_volume] {
+            vol.attach(&mut node, false).await;
+            let device = vol.device().display().to_string();
+            assert!(
+                device.starts_with("/dev/mapper/rbd-csi-"),
+                "{}: staged on {device} (expected the LUKS device)",
+                vol.image
+            );
+            let marker = format!("secret-kms-marker-{}", vol.image);
+            write_file(&vol.target().join("data"), marker.repeat(512).as_bytes()).expect("write");
+            vol.detach(&mut node).await;
+            let (found, luks, _) = raw_image(vol, &marker);
+            assert!(
+                luks && !found,
+                "{}: LUKS header {luks}, plaintext found {found}",
+                vol.image
+            );
+            vol.attach(&mut node, false).await;
+            assert_eq!(
+                std::fs::read(vol.target().join("data")).expect("read back"),
+                marker.repeat(512).as_bytes()
+            );
+            vol.detach(&mut node).await;
+        }
+        assert_eq!(dm_devices(), 0, "unstage left a LUKS device open");
+        // another passphrase in the key-encryption Secret: the wrapped key no longer opens
+        let (_, _, header) = raw_image(&wrapped, "unused-marker");
+        let mut changed = kek("another passphrase");
+        changed.metadata.resource_version = secrets
+            .get("kek")
+            .await
+            .expect("reading the Secret")
+            .metadata
+            .resource_version;
+        secrets
+            .replace("kek", &PostParams::default(), &changed)
+            .await
+            .expect("changing the key-encryption Secret");
+        let err = wrapped
+            .stage(&mut node)
+            .await
+            .expect_err("stage with another key-encryption passphrase");
+        assert!(
+            err.message().contains("\"wrapped\"") && err.message().contains("kek"),
+            "{}",
+            err.message()
+        );
+        assert_eq!(dm_devices(), 0, "a failed stage left a LUKS device");
+        assert!(
+            krbd_devices().is_empty(),
+            "a failed stage left the image mapped"
+        );
+        let (_, luks, after) = raw_image(&wrapped, "unused-marker");
+        assert!(luks && after == header, "the LUKS header changed");
     });
 }
