@@ -22,6 +22,7 @@ pub mod config;
 mod controller;
 pub mod data_source;
 pub mod events;
+mod finalizers;
 pub mod leader;
 pub mod metrics;
 pub mod modify;
