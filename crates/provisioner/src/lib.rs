@@ -8,7 +8,9 @@
 //! provision / delete / expand flows, [`events`], [`metrics`] and [`leader`] election.
 //!
 //! Snapshots: [`snapshot`] holds a VolumeSnapshotContent controller generic over a
-//! [`snapshot::Snapshotter`] backend, and the typed snapshot resources.
+//! [`snapshot::Snapshotter`] backend, and the typed snapshot resources. Attaching: [`attach`]
+//! holds a VolumeAttachment controller (external-attacher's work) generic over an
+//! [`attach::Attacher`] backend.
 //!
 //! Pure decisions live in [`ownership`] (is this claim ours?), [`pv`] (finish a PV, should this
 //! PV be deleted?), [`resize`] (does this claim need expansion?) and [`quantity`].
@@ -18,10 +20,12 @@
 // not code; backticking every one would make the docs harder to read.
 #![allow(clippy::doc_markdown)]
 
+pub mod attach;
 pub mod config;
 mod controller;
 pub mod data_source;
 pub mod events;
+mod finalizers;
 pub mod leader;
 pub mod metrics;
 pub mod modify;

@@ -13,14 +13,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::Resource;
 use kube::api::ListParams;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 
 use super::{CLONE_SOURCE_FINALIZER, DataSource, SNAPSHOT_SOURCE_FINALIZER, data_source};
+use crate::finalizers;
 use crate::queue::{Backoff, WorkQueue};
 use crate::snapshot::VolumeSnapshot;
 
@@ -108,51 +106,6 @@ async fn watch_snapshots(client: Client, queue: WorkQueue<Key>) {
     }
 }
 
-/// Adds `finalizer` to an object (merge patch of the whole list, preconditioned on the
-/// resourceVersion read); nothing when it is there.
-async fn add_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), kube::Error>
-where
-    K: Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let object = api.get(name).await?;
-    let mut list = object.meta().finalizers.clone().unwrap_or_default();
-    if list.iter().any(|f| f == finalizer) {
-        return Ok(());
-    }
-    list.push(finalizer.to_owned());
-    let patch = json!({"metadata": {
-        "finalizers": list,
-        "resourceVersion": object.meta().resource_version,
-    }});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(drop)
-}
-
-async fn remove_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), kube::Error>
-where
-    K: Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let object = match api.get_opt(name).await {
-        Ok(Some(object)) => object,
-        Ok(None) => return Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let list = object.meta().finalizers.clone().unwrap_or_default();
-    if !list.iter().any(|f| f == finalizer) {
-        return Ok(());
-    }
-    let kept: Vec<&String> = list.iter().filter(|f| *f != finalizer).collect();
-    let patch = json!({"metadata": {
-        "finalizers": kept,
-        "resourceVersion": object.meta().resource_version,
-    }});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(drop)
-}
-
 /// Puts the protection finalizer on the source in `ns` before it is used (external-provisioner
 /// does so before the clone or restore starts).
 ///
@@ -160,7 +113,7 @@ where
 /// API errors, as a message naming the source.
 pub async fn protect(client: &Client, ns: &str, source: &DataSource) -> Result<(), String> {
     match source {
-        DataSource::Snapshot(vs) => add_finalizer(
+        DataSource::Snapshot(vs) => finalizers::add(
             &Api::<VolumeSnapshot>::namespaced(client.clone(), ns),
             vs,
             SNAPSHOT_SOURCE_FINALIZER,
@@ -171,7 +124,7 @@ pub async fn protect(client: &Client, ns: &str, source: &DataSource) -> Result<(
         }),
         DataSource::Claim(claim) => {
             let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-            add_finalizer(&api, claim, CLONE_SOURCE_FINALIZER)
+            finalizers::add(&api, claim, CLONE_SOURCE_FINALIZER)
                 .await
                 .map_err(|e| format!("adding finalizer {CLONE_SOURCE_FINALIZER} to PersistentVolumeClaim {ns}/{claim}: {e}"))
         }
@@ -215,7 +168,7 @@ pub async fn release_source(
     }
     match source {
         DataSource::Snapshot(vs) => {
-            remove_finalizer(
+            finalizers::remove(
                 &Api::<VolumeSnapshot>::namespaced(client.clone(), ns),
                 vs,
                 SNAPSHOT_SOURCE_FINALIZER,
@@ -224,7 +177,7 @@ pub async fn release_source(
         }
         DataSource::Claim(name) => {
             let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-            remove_finalizer(&api, name, CLONE_SOURCE_FINALIZER).await
+            finalizers::remove(&api, name, CLONE_SOURCE_FINALIZER).await
         }
     }
 }

@@ -491,29 +491,11 @@ impl ContentController {
         Ok(())
     }
 
-    /// Removes our finalizer from the content as it is now (merge patch preconditioned on the
-    /// resourceVersion read, so another writer's finalizer is never dropped).
+    /// Removes our finalizer from the content as it is now (written on the resourceVersion
+    /// read, so another writer's finalizer is never dropped; read again on a conflict).
     async fn remove_finalizer(&self, name: &str) -> Result<(), Failure> {
-        let api = contents(&self.client);
-        let Some(current) = api
-            .get_opt(name)
+        crate::finalizers::remove(&contents(&self.client), name, CONTENT_FINALIZER)
             .await
-            .map_err(|e| Failure::new(e.to_string()))?
-        else {
-            return Ok(());
-        };
-        let kept: Vec<&String> = current
-            .finalizers()
-            .iter()
-            .filter(|f| *f != CONTENT_FINALIZER)
-            .collect();
-        let patch = json!({"metadata": {
-            "finalizers": kept,
-            "resourceVersion": current.metadata.resource_version,
-        }});
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(drop)
             .map_err(|e| Failure::new(format!("removing the finalizer of {name}: {e}")))
     }
 

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod attach;
 mod delete;
 mod events;
 mod expand;

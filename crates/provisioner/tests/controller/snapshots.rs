@@ -12,7 +12,6 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use kube::{Client, ResourceExt};
 use kube_emulator::Emulator;
 use provisioner::SecretRef;
-use provisioner::queue::Backoff;
 use provisioner::snapshot::{
     ANN_BEING_CREATED, CheckSnapshot, ContentControllerConfig, CreateSnapshot, DeleteSnapshot,
     SnapshotError, SnapshotInfo, Snapshotter, VolumeSnapshot, VolumeSnapshotClass,
@@ -20,7 +19,9 @@ use provisioner::snapshot::{
 };
 use serde_json::json;
 
-use crate::common::{NS, init_tracing, wait_for, wait_for_event, wait_gone};
+use crate::common::{
+    BACKOFF, ControllerEnv, NS, init_tracing, wait_for, wait_for_event, wait_gone,
+};
 
 const DRIVER: &str = "memory.example.com";
 const CLASS: &str = "memory-snapshots";
@@ -149,18 +150,7 @@ impl Snapshotter for MemorySnapshotter {
     }
 }
 
-struct Env {
-    _emulator: Emulator,
-    client: Client,
-    backend: Arc<MemorySnapshotter>,
-    controller: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        self.controller.abort();
-    }
-}
+type Env = ControllerEnv<MemorySnapshotter>;
 
 fn dynamic<K: kube::Resource<DynamicType = ()>>(
     client: &Client,
@@ -242,27 +232,16 @@ async fn env(parameters: serde_json::Value) -> Env {
     let backend = MemorySnapshotter::new();
     let config = ContentControllerConfig {
         workers: 2,
-        backoff: Backoff {
-            base_delay: Duration::from_millis(50),
-            max_delay: Duration::from_millis(400),
-        },
+        backoff: BACKOFF,
         api_poll: Duration::from_millis(100),
         ..Default::default()
     };
-    let controller = tokio::spawn(provisioner::snapshot::run(
-        client.clone(),
-        backend.clone(),
-        config,
-    ));
-    Env {
-        _emulator: emulator,
-        client,
-        backend,
-        controller,
-    }
+    Env::start(emulator, backend.clone(), |client| {
+        provisioner::snapshot::run(client, backend, config)
+    })
 }
 
-impl Env {
+impl ControllerEnv<MemorySnapshotter> {
     fn snapshots(&self) -> Api<VolumeSnapshot> {
         Api::namespaced(self.client.clone(), NS)
     }

@@ -100,6 +100,11 @@ impl RbdBackend {
         &self.config.kube_cluster
     }
 
+    /// The CSI driver name (`--csi-driver-name`): CSI PVs and VolumeAttachments of it are ours.
+    pub fn csi_driver(&self) -> &str {
+        &self.config.csi_driver
+    }
+
     /// The driver names whose snapshot contents are ours: the CSI driver name, then the
     /// provisioner name.
     pub fn snapshot_drivers(&self) -> [&str; 2] {

@@ -121,10 +121,13 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
     let (claims_seen, protection) =
         provisioner::data_source::protection::controller(client.clone(), config_backoff);
     let attacher = args.attacher.then(|| {
-        crate::backend::attacher::task(
+        provisioner::attach::task(
+            client.clone(),
             backend.clone(),
-            args.csi_driver_name.clone(),
-            config_backoff,
+            provisioner::attach::AttachControllerConfig {
+                backoff: config_backoff,
+                ..Default::default()
+            },
         )
     });
     let mut controller = Controller::new(client.clone(), config, backend.clone())

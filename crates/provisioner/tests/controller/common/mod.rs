@@ -22,6 +22,11 @@ use self::backend::FakeBackend;
 pub const PROVISIONER: &str = "test.example.com/fake";
 pub const NS: &str = "default";
 pub const DEADLINE: Duration = Duration::from_secs(15);
+/// Per-item retry backoff shrunk for tests.
+pub const BACKOFF: Backoff = Backoff {
+    base_delay: Duration::from_millis(50),
+    max_delay: Duration::from_millis(400),
+};
 
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -30,14 +35,46 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// An emulator and a controller task over an in-memory backend; the task ends with it.
+pub struct ControllerEnv<B> {
+    _emulator: kube_emulator::Emulator,
+    pub client: Client,
+    pub backend: Arc<B>,
+    controller: JoinHandle<()>,
+}
+
+impl<B> ControllerEnv<B> {
+    /// Runs `controller` (given the emulator's client) next to `emulator`.
+    pub fn start<F>(
+        emulator: kube_emulator::Emulator,
+        backend: Arc<B>,
+        controller: impl FnOnce(Client) -> F,
+    ) -> Self
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let client = emulator.client();
+        let controller = tokio::spawn(controller(client.clone()));
+        ControllerEnv {
+            _emulator: emulator,
+            client,
+            backend,
+            controller,
+        }
+    }
+}
+
+impl<B> Drop for ControllerEnv<B> {
+    fn drop(&mut self) {
+        self.controller.abort();
+    }
+}
+
 /// Defaults shrunk for tests: fast backoff, quick PV save retries.
 pub fn config() -> Config {
     let mut config = Config::new(PROVISIONER);
     config.workers = 4;
-    config.backoff = Backoff {
-        base_delay: Duration::from_millis(50),
-        max_delay: Duration::from_millis(400),
-    };
+    config.backoff = BACKOFF;
     config.volume_save_attempts = 3;
     config.volume_save_interval = Duration::from_millis(20);
     config.shutdown_grace_period = Duration::from_secs(2);
