@@ -249,6 +249,23 @@ pub struct Usage {
     pub used_inodes: u64,
 }
 
+/// The file system type (`statfs(2)`'s `f_type`, e.g. `libc::TMPFS_MAGIC`) of the file system
+/// holding `path` (symlinks followed).
+///
+/// # Errors
+/// The system call's error.
+pub fn fs_magic(path: &Path) -> io::Result<libc::__fsword_t> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    // SAFETY: statfs is plain old data; zeroed is a valid value that the call overwrites.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &raw mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_type)
+}
+
 /// `statvfs(2)` of the filesystem holding `path`.
 ///
 /// # Errors

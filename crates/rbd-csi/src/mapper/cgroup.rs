@@ -36,7 +36,6 @@
 //! can open for writing.
 
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -109,18 +108,7 @@ impl FsType {
 
 /// `statfs(path)`: the type of the file system `path` (symlinks followed) is on.
 fn fs_type(path: &Path) -> io::Result<FsType> {
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
-    let mut buf = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: `c_path` is a NUL-terminated string and `buf` is large enough for the kernel's
-    // answer; it is read only after statfs reported success.
-    let buf = unsafe {
-        if libc::statfs(c_path.as_ptr(), buf.as_mut_ptr()) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        buf.assume_init()
-    };
-    Ok(match buf.f_type {
+    Ok(match crate::fs::fs_magic(path)? {
         libc::CGROUP_SUPER_MAGIC => FsType::CgroupV1,
         libc::CGROUP2_SUPER_MAGIC => FsType::CgroupV2,
         _ => FsType::Other,

@@ -85,6 +85,7 @@ impl NodeService {
     #[must_use]
     pub fn new(config: NodeConfig) -> Self {
         sweep_runtime_dir(&config.runtime_dir);
+        warn_unless_in_memory(&config.runtime_dir);
         let keys = config.runtime_dir.join("keys");
         let mappers: Vec<Arc<dyn Mapper>> = vec![
             Arc::new(KrbdMapper::new(
@@ -135,6 +136,32 @@ impl NodeService {
             Status::invalid_argument(format!("mounter {kind} is not available on this node"))
         })
     }
+}
+
+/// Says so (a warning at start) when `runtime_dir`, where key files and rbd-fuse's keyrings
+/// are written, is not on a tmpfs (or ramfs): keys written there could reach a disk.
+fn warn_unless_in_memory(runtime_dir: &std::path::Path) {
+    if let Some((on, magic)) = not_in_memory(runtime_dir) {
+        tracing::warn!(
+            runtime_dir = %runtime_dir.display(),
+            on = %on.display(),
+            fs_type = format!("{magic:#x}"),
+            "the runtime directory is not on a tmpfs: the Ceph key files the node writes there \
+             (for rbd-nbd, rbd-fuse, krbd) could reach a disk; mount a tmpfs there (--runtime-dir, \
+             deploy/csi/node.yaml uses the host's /run/rbd-csi)"
+        );
+    }
+}
+
+/// The directory judged and its file system type when `dir` is not on a tmpfs or ramfs; a
+/// directory not made yet is judged by the file system it will be made on.
+fn not_in_memory(dir: &std::path::Path) -> Option<(&std::path::Path, libc::__fsword_t)> {
+    /// `RAMFS_MAGIC` of `<linux/magic.h>` (not in libc).
+    const RAMFS_MAGIC: libc::__fsword_t = 0x8584_58f6;
+    let (on, magic) = dir
+        .ancestors()
+        .find_map(|d| crate::fs::fs_magic(d).ok().map(|magic| (d, magic)))?;
+    (magic != libc::TMPFS_MAGIC && magic != RAMFS_MAGIC).then_some((on, magic))
 }
 
 /// Removes key material a killed plugin process left in `runtime_dir`: the transient key files of
@@ -304,5 +331,26 @@ impl Node for NodeService {
                     .collect(),
             }),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn a_runtime_directory_off_tmpfs_is_noticed_and_one_on_tmpfs_is_not() {
+        // /dev/shm is a tmpfs on Linux; a directory not made yet is judged by its parent's
+        if Path::new("/dev/shm").is_dir() {
+            assert_eq!(
+                super::not_in_memory(Path::new("/dev/shm/rbd-csi/not-yet")),
+                None
+            );
+        }
+        let (on, magic) = super::not_in_memory(Path::new("/proc/self")).expect("procfs");
+        assert_eq!(
+            (on, magic),
+            (Path::new("/proc/self"), libc::PROC_SUPER_MAGIC)
+        );
     }
 }
