@@ -39,8 +39,9 @@ exec unshare --mount --propagation private bash -c '
   set -e
   bind() { mkdir -p "$ROOT$1"; mount --bind "$1" "$ROOT$1"; }
   bind_ro() { bind "$1"; mount -o remount,bind,ro "$ROOT$1"; }
-  for d in /tmp /proc /sys "$WS"; do bind "$d"; done
-  mount --rbind /dev "$ROOT/dev"
+  for d in /tmp /proc "$WS"; do bind "$d"; done
+  # recursive: /sys/fs/cgroup and its hierarchies (the node plugin'"'"'s daemon cgroups), /dev/shm
+  for d in /sys /dev; do mkdir -p "$ROOT$d"; mount --rbind "$d" "$ROOT$d"; done
   for d in "$RUSTUP_HOME" "$CARGO_HOME"; do [ -d "$d" ] && bind_ro "$d"; done
   [ -d "$SHARED" ] && bind_ro "$SHARED"
   [ -n "$SANITY_DIR" ] && bind_ro "$SANITY_DIR"
