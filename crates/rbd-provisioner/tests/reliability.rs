@@ -645,18 +645,32 @@ async fn every_snapshot_crash_point_followed_by_a_restart_converges() {
         );
         let _p = clean();
         let vs = snap::wait_ready(&h, &name).await;
-        let content = contents.get(&format!("snapcontent-{uid}")).await.unwrap();
+        // like csi-snapshotter, the status (which makes the snapshot ready) is written first and
+        // the being-created annotation comes off in a second request: wait for it to go
+        let content_name = format!("snapcontent-{uid}");
+        let content = h
+            .until(
+                &format!("{step}: being-created annotation off {content_name}"),
+                Duration::from_secs(30),
+                || {
+                    let contents = contents.clone();
+                    let content_name = content_name.clone();
+                    async move {
+                        let c = contents.get(&content_name).await.ok()?;
+                        (!c.metadata
+                            .annotations
+                            .clone()
+                            .unwrap_or_default()
+                            .contains_key(
+                                "snapshot.storage.kubernetes.io/volumesnapshot-being-created",
+                            ))
+                        .then_some(c)
+                    }
+                },
+            )
+            .await;
         let handle = content.data["status"]["snapshotHandle"].as_str().unwrap();
         assert!(handle.ends_with(&image), "{step}: {handle}");
-        assert!(
-            !content
-                .metadata
-                .annotations
-                .clone()
-                .unwrap_or_default()
-                .contains_key("snapshot.storage.kubernetes.io/volumesnapshot-being-created"),
-            "{step}: annotation left"
-        );
         assert_eq!(vs.data["status"]["restoreSize"], serde_json::json!("16Mi"));
         snap_images.push((name, image));
         eprintln!("RELIABILITY crash {step} -> snapshot ready after restart");
