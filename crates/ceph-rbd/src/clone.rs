@@ -4,12 +4,15 @@
 //! its own config proxy of about 2000 options) and a read of the header with the whole snapshot
 //! table, so a source with many snapshots costs more per open. A snapshot or restore done as
 //! separate calls opened the parent and the new image about ten times; [`Cluster::clone_recorded`]
-//! does the same work with one open of each (plus the one librbd's clone itself makes of the
-//! parent), in one call on the blocking pool.
+//! does the same work with at most one open of each (plus those librbd's clone itself makes),
+//! in one call on the blocking pool. The new image's record is written through its header's
+//! object class rather than librbd's metadata calls, each of which notifies the image's
+//! watchers and makes the next call on the open image refresh it.
 
 use std::collections::BTreeMap;
 
 use crate::cluster::check_image_name;
+use crate::header;
 use crate::{Cluster, CreateOptions, Error, ParentSpec, SnapInfo};
 
 /// What is read from an image with one open.
@@ -44,7 +47,7 @@ pub struct CloneJob {
 /// What to write on the new image, decided from the parent's facts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CloneRecord {
-    /// Metadata, written in this order.
+    /// Metadata, written in one object-class call on the new image's header: all or none.
     pub metadata: Vec<(String, String)>,
     /// Grow the new image to this size when it is smaller.
     pub size: Option<u64>,
@@ -53,8 +56,8 @@ pub struct CloneRecord {
 /// What [`Cluster::clone_recorded`] made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cloned {
-    /// The parent's facts, read on its open handle: only for a temporary snapshot (the
-    /// parent is opened to take it), else `None`.
+    /// The parent's facts, read on its open handle just before the temporary snapshot: only
+    /// for a temporary snapshot (the parent is opened to take it), else `None`.
     pub parent: Option<ImageFacts>,
     /// The new image's size.
     pub size: u64,
@@ -84,10 +87,12 @@ impl Cluster {
     }
 
     /// Clones `job`'s parent snapshot to `job.pool/job.image` and completes the new image in the
-    /// same call, each image opened once: the temporary snapshot taken (see
-    /// [`CloneJob::temporary`]), the clone made, `record`'s metadata written (in order) and its
-    /// size applied, the snapshot [`CloneJob::snapshot`] taken, the temporary snapshot removed.
-    /// `record` gets the parent's facts when the parent was opened (temporary snapshot).
+    /// same call, each image opened at most once: the temporary snapshot taken (see
+    /// [`CloneJob::temporary`]), the clone made, `record`'s metadata written (one object-class
+    /// call on the new image's header), its size applied, the snapshot [`CloneJob::snapshot`]
+    /// taken (the new image is opened only to grow it or for that snapshot), the temporary
+    /// snapshot removed. `record` gets the parent's facts when the parent was opened (temporary
+    /// snapshot).
     ///
     /// Stops at the first error, leaving what was done (each step is one a retry can find and
     /// complete); `AlreadyExists` when the new image exists already, which the caller completes
@@ -123,39 +128,49 @@ impl Cluster {
             };
             let facts = match &parent {
                 Some(img) => {
+                    // read before the snapshot: after it, the handle would refresh first
+                    let facts = ImageFacts {
+                        size: img.info()?.size,
+                        parent: img.parent()?,
+                        metadata: img.metadata_list()?,
+                        snaps: Vec::new(),
+                    };
                     match img.snap_create(&job.snap) {
                         Ok(()) => {}
                         Err(e) if e.is_already_exists() => {}
                         Err(e) => return Err(e),
                     }
-                    Some(ImageFacts {
-                        size: img.info()?.size,
-                        parent: img.parent()?,
-                        metadata: img.metadata_list()?,
-                        snaps: Vec::new(),
-                    })
+                    Some(facts)
                 }
                 None => None,
             };
             parent_io.clone_image(&job.parent, &job.snap, &io, &job.image, &job.options)?;
             let plan = record(facts.as_ref());
-            let img = io.open(&job.image, false)?;
-            for (key, value) in &plan.metadata {
-                img.metadata_set(key, value)?;
+            // The record and the size through the header's object class, not an open: librbd
+            // would notify and refresh (a new configuration copy) after every key. The new
+            // image is opened only to grow it or take its snapshot.
+            let target = format!("{}/{}", job.pool, job.image);
+            let id = header::image_id(&io, op, &target, &job.image)?;
+            if !plan.metadata.is_empty() {
+                header::set_metadata(&io, op, &target, &id, &plan.metadata)?;
             }
-            let mut size = img.info()?.size;
-            if let Some(wanted) = plan.size.filter(|wanted| *wanted > size) {
-                img.resize(wanted, false)?;
-                size = wanted;
-            }
-            let snapshot = match &job.snapshot {
-                Some(snap) => {
-                    img.snap_create(snap)?;
-                    img.snap_list()?.into_iter().find(|s| &s.name == snap)
+            let mut size = header::size(&io, op, &target, &id)?;
+            let grow = plan.size.filter(|wanted| *wanted > size);
+            if grow.is_some() || job.snapshot.is_some() {
+                let img = io.open(&job.image, false)?;
+                if let Some(wanted) = grow {
+                    img.resize(wanted, false)?;
+                    size = wanted;
                 }
+                if let Some(snap) = &job.snapshot {
+                    img.snap_create(snap)?;
+                }
+            }
+            // read from the header: the open handle would refresh itself first
+            let snapshot = match &job.snapshot {
+                Some(snap) => header::snapshot(&io, op, &target, &id, snap)?,
                 None => None,
             };
-            drop(img);
             if let Some(parent) = &parent {
                 match parent.snap_remove(&job.snap) {
                     Ok(()) => {}

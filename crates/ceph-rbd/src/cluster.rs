@@ -723,20 +723,6 @@ impl Cluster {
             .await
     }
 
-    /// One metadata value, `None` when the key is not set.
-    pub async fn metadata_get(
-        &self,
-        pool: &str,
-        name: &str,
-        key: &str,
-    ) -> Result<Option<String>, Error> {
-        let key = key.to_string();
-        self.with_image("get image metadata", pool, name, true, move |img| {
-            img.metadata_get(&key)
-        })
-        .await
-    }
-
     /// Sets one metadata value.
     pub async fn metadata_set(
         &self,

@@ -1,12 +1,13 @@
-//! Image metadata read and written on the image's header object through the `rbd` object class
-//! (`get_id`, `metadata_list`, `metadata_set`: the calls librbd itself makes), without opening
-//! the image. Opening an image builds a librbd `ImageCtx`, whose construction copies the whole
-//! Ceph configuration (about 2000 options, the bulk of this client's CPU per volume); a class
-//! call is one OSD round trip. Format-1 images (no `rbd_id.<name>` object, no metadata) fall
-//! back to opening.
+//! Image metadata and size read and written on the image's header object through the `rbd`
+//! object class (`get_id`, `get_size`, `metadata_list`, `metadata_set`: the calls librbd itself
+//! makes), without opening the image. Opening an image builds a librbd `ImageCtx`, whose
+//! construction copies the whole Ceph configuration (about 2000 options, the bulk of this
+//! client's CPU per volume), even when the open then fails; a class call is one OSD round trip.
+//! Format-1 images (no `rbd_id.<name>` object, no metadata) fall back to opening.
 
 use std::collections::BTreeMap;
 
+use crate::SnapInfo;
 use crate::cluster::{Cluster, check_image_name};
 use crate::denc::{Reader, malformed, put_bytes, put_map};
 use crate::error::Error;
@@ -42,6 +43,88 @@ pub(crate) fn image_id(
     Reader(&out)
         .string()
         .ok_or_else(|| malformed(op, target, "get_id"))
+}
+
+/// Ceph's `CEPH_NOSNAP`: the image itself rather than one of its snapshots.
+const NOSNAP: u64 = u64::MAX - 1;
+
+/// The size in bytes of the image whose ID is `id` (its head, not a snapshot): `get_size`,
+/// which answers the object order (`u8`) and the size (`u64`).
+pub(crate) fn size(io: &IoCtx<'_>, op: &'static str, target: &str, id: &str) -> Result<u64, Error> {
+    let out = io.exec(
+        op,
+        target,
+        &format!("rbd_header.{id}"),
+        "rbd",
+        "get_size",
+        &NOSNAP.to_le_bytes(),
+    )?;
+    let mut answer = Reader(&out);
+    answer
+        .u8()
+        .and_then(|_order| answer.u64())
+        .ok_or_else(|| malformed(op, target, "get_size"))
+}
+
+/// User snapshot `snap` of the image whose ID is `id`, read from its header (`get_snapcontext`,
+/// then per snapshot `get_snapshot_name`; for the one named, `get_size`,
+/// `get_protection_status` and `get_snapshot_timestamp`); `None` when it has none of that name.
+/// What [`crate::raw::Image::snap_list`] reports for it, without the refresh an open image
+/// makes after its own snapshot was taken.
+pub(crate) fn snapshot(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    id: &str,
+    snap: &str,
+) -> Result<Option<SnapInfo>, Error> {
+    let header = format!("rbd_header.{id}");
+    let call =
+        |method: &'static str, input: &[u8]| io.exec(op, target, &header, "rbd", method, input);
+    let context = call("get_snapcontext", &[])?;
+    let mut context = Reader(&context);
+    let ids = context
+        .u64()
+        .and_then(|_seq| context.u32())
+        .and_then(|count| {
+            (0..count)
+                .map(|_| context.u64())
+                .collect::<Option<Vec<u64>>>()
+        })
+        .ok_or_else(|| malformed(op, target, "get_snapcontext"))?;
+    for snap_id in ids {
+        let input = snap_id.to_le_bytes();
+        let name = Reader(&call("get_snapshot_name", &input)?)
+            .string()
+            .ok_or_else(|| malformed(op, target, "get_snapshot_name"))?;
+        if name != snap {
+            continue;
+        }
+        let sized = call("get_size", &input)?;
+        let mut sized = Reader(&sized);
+        let size = sized
+            .u8()
+            .and_then(|_order| sized.u64())
+            .ok_or_else(|| malformed(op, target, "get_size"))?;
+        let protection = Reader(&call("get_protection_status", &input)?)
+            .u8()
+            .ok_or_else(|| malformed(op, target, "get_protection_status"))?;
+        let stamp = call("get_snapshot_timestamp", &input)?;
+        let mut stamp = Reader(&stamp);
+        let (secs, nanos) = stamp
+            .u32()
+            .zip(stamp.u32())
+            .ok_or_else(|| malformed(op, target, "get_snapshot_timestamp"))?;
+        return Ok(Some(SnapInfo {
+            id: snap_id,
+            name,
+            size,
+            // RBD_PROTECTION_STATUS_PROTECTED
+            protected: protection == 2,
+            created: std::time::UNIX_EPOCH + std::time::Duration::new(secs.into(), nanos),
+        }));
+    }
+    Ok(None)
 }
 
 /// All metadata of the image whose ID is `id`.
@@ -87,7 +170,27 @@ pub(crate) fn metadata_of(
 ) -> Result<BTreeMap<String, String>, Error> {
     match image_id(io, op, target, name) {
         Ok(id) => metadata(io, op, target, &id),
-        Err(e) if e.is_not_found() => io.open(name, true)?.metadata_list(),
+        Err(e) if e.is_not_found() => {
+            format1(io, op, target, name, e)?;
+            io.open(name, true)?.metadata_list()
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// After `get_id` found no `rbd_id.<name>`: `Ok` when `name` is a format-1 image (its header
+/// object `<name>.rbd` exists), else `not_found`. Telling the two apart this way costs a read;
+/// an open that fails would cost librbd an image context.
+fn format1(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    name: &str,
+    not_found: Error,
+) -> Result<(), Error> {
+    match io.read(op, target, &format!("{name}.rbd"), 1) {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Err(not_found),
         Err(e) => Err(e),
     }
 }
@@ -132,12 +235,39 @@ impl Cluster {
             let _guard = guard;
             match image_id(io, op, &target, &name) {
                 Ok(id) => set_metadata(io, op, &target, &id, &entries),
-                // gone, or format 1: librbd says which
                 Err(e) if e.is_not_found() => {
+                    format1(io, op, &target, &name, e)?;
                     let img = io.open(&name, false)?;
                     entries
                         .iter()
                         .try_for_each(|(key, value)| img.metadata_set(key, value))
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// One metadata value of an image, `None` when the key is not set: read from its header
+    /// without opening it (format-1 images: by opening).
+    pub async fn metadata_get(
+        &self,
+        pool: &str,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<String>, Error> {
+        let op = "get image metadata";
+        check_image_name(op, pool, name)?;
+        let (name, key) = (name.to_string(), key.to_string());
+        let target = format!("{pool}/{name}");
+        self.with_pool(op, pool, target.clone(), move |io| {
+            match image_id(io, op, &target, &name) {
+                // the whole list (one call, a few keys): unlike `metadata_get`, it tells a
+                // missing key from a header that is gone
+                Ok(id) => Ok(metadata(io, op, &target, &id)?.remove(&key)),
+                Err(e) if e.is_not_found() => {
+                    format1(io, op, &target, &name, e)?;
+                    io.open(&name, true)?.metadata_get(&key)
                 }
                 Err(e) => Err(e),
             }

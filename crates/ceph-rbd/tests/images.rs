@@ -652,3 +652,81 @@ async fn checked_removal_refuses_by_metadata_and_names_watchers() {
     );
     assert!(!cluster.image_exists(&pool, &name).await.unwrap());
 }
+
+/// The record, size and snapshot of a clone are written and read through the new image's
+/// header: what they report must be what librbd reports on an opened image.
+#[tokio::test]
+async fn a_recorded_clone_reports_what_librbd_reads_back() {
+    let (cluster, pool, source) = with_image("recsrc", 8 * MIB).await;
+    let (snapshot, restore) = (unique("recsnap"), unique("recrest"));
+    let job = |parent: &str, snap: &str, image: &str, temporary, snapshot: Option<String>| {
+        ceph_rbd::CloneJob {
+            parent_pool: pool.clone(),
+            parent: parent.to_string(),
+            snap: snap.to_string(),
+            temporary,
+            pool: pool.clone(),
+            image: image.to_string(),
+            options: CreateOptions::default(),
+            snapshot,
+        }
+    };
+    let made = cluster
+        .clone_recorded(
+            job(&source, "tmp", &snapshot, true, Some(snapshot.clone())),
+            |facts| {
+                assert_eq!(facts.map(|f| f.size), Some(8 * MIB));
+                ceph_rbd::CloneRecord {
+                    metadata: vec![("a".into(), "1".into()), ("b".into(), String::new())],
+                    size: None,
+                }
+            },
+        )
+        .await
+        .unwrap();
+    let listed = cluster.snap_list(&pool, &snapshot).await.unwrap();
+    assert_eq!(made.snapshot.as_ref(), listed.first(), "{listed:?}");
+    assert_eq!(made.size, 8 * MIB);
+    let meta = cluster.metadata_list(&pool, &snapshot).await.unwrap();
+    assert_eq!((meta["a"].as_str(), meta["b"].as_str()), ("1", ""));
+    // the temporary snapshot is gone from the source's user snapshots
+    assert!(cluster.snap_list(&pool, &source).await.unwrap().is_empty());
+
+    // a restore that grows: opened for the resize, size from the header otherwise
+    let grown = cluster
+        .clone_recorded(job(&snapshot, &snapshot, &restore, false, None), |_| {
+            ceph_rbd::CloneRecord {
+                metadata: vec![("c".into(), "3".into())],
+                size: Some(12 * MIB),
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!((grown.size, grown.snapshot), (12 * MIB, None));
+    assert_eq!(
+        cluster.image_info(&pool, &restore).await.unwrap().size,
+        12 * MIB
+    );
+    assert_eq!(
+        cluster.metadata_get(&pool, &restore, "c").await.unwrap(),
+        Some("3".to_string())
+    );
+    cluster.remove_image(&pool, &restore).await.unwrap();
+    // read without opening: a missing image is NotFound, not a missing key
+    let gone = cluster
+        .metadata_get(&pool, &restore, "c")
+        .await
+        .unwrap_err();
+    assert!(gone.is_not_found(), "{gone}");
+    let gone = cluster
+        .metadata_list_unopened(&pool, &restore)
+        .await
+        .unwrap_err();
+    assert!(gone.is_not_found(), "{gone}");
+    cluster
+        .snap_remove(&pool, &snapshot, &snapshot)
+        .await
+        .unwrap();
+    cluster.remove_image(&pool, &snapshot).await.unwrap();
+    cluster.remove_image(&pool, &source).await.unwrap();
+}
