@@ -173,19 +173,16 @@ pub(super) async fn delete(
     let _guard = ctl.locks.lock_or_abort(snapshot_id)?;
     let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
     let pool = id.pool_spec();
-    // Read before the snapshot image (and its metadata) goes.
-    let kms_id = rbd_volume::encryption::recorded_kms_id(&cluster, &pool, &id.image)
-        .await
-        .unwrap_or_default();
-    let deleted = snapshot::delete_snapshot(&cluster, &pool, &id.image)
-        .await
-        .map_err(volume_status)?;
+    let deleted = rbd_volume::encryption::delete_with_key(
+        (&cluster, &pool, &id.image),
+        snapshot_id,
+        &ctl.kms_config,
+        ctl.secrets.clone(),
+        snapshot::delete_snapshot(&cluster, &pool, &id.image),
+    )
+    .await
+    .map_err(volume_status)?;
     tracing::info!(snapshot_id, ?deleted, "snapshot deleted");
-    if let Some(kms_id) = kms_id {
-        let image = (&*cluster, pool.as_str(), id.image.as_str());
-        let (config, secrets) = (&ctl.kms_config, ctl.secrets.clone());
-        rbd_volume::encryption::remove_key(image, snapshot_id, config, secrets, &kms_id).await;
-    }
     Ok(())
 }
 

@@ -355,19 +355,16 @@ pub(super) async fn delete(
     // first (they keep working).
     let pool = id.pool_spec();
     let claimant = Claimant::image().in_kube_cluster(&ctl.kube_cluster);
-    // Read before the image (and its metadata) goes.
-    let kms_id = rbd_volume::encryption::recorded_kms_id(&cluster, &pool, &id.image)
-        .await
-        .unwrap_or_default();
-    rbd_volume::delete_volume(&cluster, &pool, &id.image, &claimant, &ctl.hooks)
-        .await
-        .map_err(volume_status)?;
+    rbd_volume::encryption::delete_with_key(
+        (&cluster, &pool, &id.image),
+        volume_id,
+        &ctl.kms_config,
+        ctl.secrets.clone(),
+        rbd_volume::delete_volume(&cluster, &pool, &id.image, &claimant, &ctl.hooks),
+    )
+    .await
+    .map_err(volume_status)?;
     tracing::info!(volume_id, "volume deleted");
-    if let Some(kms_id) = kms_id {
-        let image = (&*cluster, pool.as_str(), id.image.as_str());
-        let (config, secrets) = (&ctl.kms_config, ctl.secrets.clone());
-        rbd_volume::encryption::remove_key(image, volume_id, config, secrets, &kms_id).await;
-    }
     Ok(())
 }
 

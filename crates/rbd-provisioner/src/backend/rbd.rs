@@ -235,23 +235,23 @@ impl RbdBackend {
         .await
     }
 
-    /// Removes a deleted volume's (or snapshot's) key where its KMS keeps it apart from the image
-    /// ([`rbd_volume::encryption::remove_key`]: a failure is logged).
-    pub(crate) async fn remove_key(
+    /// Deletes an image through `delete`, then its key where its KMS keeps it apart from the
+    /// image ([`rbd_volume::encryption::delete_with_key`]: a failure to remove it is logged).
+    pub(crate) async fn delete_with_key<T, E>(
         &self,
         image: (&ceph_rbd::Cluster, &str, &str),
         volume_id: &str,
-        kms_id: &str,
-    ) {
+        delete: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
         let secrets = Some(self.kms_secrets.clone());
-        rbd_volume::encryption::remove_key(
+        rbd_volume::encryption::delete_with_key(
             image,
             volume_id,
             &self.config.kms_config,
             secrets,
-            kms_id,
+            delete,
         )
-        .await;
+        .await
     }
 
     /// The monitors of `cluster`: given, or for a `clusterID` as the cluster config says now.
@@ -667,26 +667,23 @@ impl Provisioner for RbdBackend {
             .map_err(DeleteError::failed)?;
         let (pool, image) = (&location.pool_spec(), &location.image);
         let claimant = Claimant::volume(pv_name.clone()).in_kube_cluster(&self.config.kube_cluster);
+        // the key of an encrypted CSI volume is stored under its volume handle
+        let volume_id = volume
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.volume_handle.as_str())
+            .unwrap_or_default();
         // the owner record is read from the image header (no open) before the removal, which
         // librbd refuses for a watched image; snapshot images and clone intermediates made from
         // this volume (CSI snapshots) are released first
-        // read before the image (and its metadata) goes
-        let kms_id = rbd_volume::encryption::recorded_kms_id(&cluster, pool, image)
-            .await
-            .unwrap_or_default();
-        rbd_volume::delete_volume(&cluster, pool, image, &claimant, &CRASH_POINTS)
-            .await
-            .map_err(DeleteError::failed)?;
-        if let Some(kms_id) = kms_id {
-            let volume_id = volume
-                .spec
-                .as_ref()
-                .and_then(|s| s.csi.as_ref())
-                .map(|c| c.volume_handle.as_str())
-                .unwrap_or_default();
-            self.remove_key((&cluster, pool, image), volume_id, &kms_id)
-                .await;
-        }
+        self.delete_with_key(
+            (&cluster, pool, image),
+            volume_id,
+            rbd_volume::delete_volume(&cluster, pool, image, &claimant, &CRASH_POINTS),
+        )
+        .await
+        .map_err(DeleteError::failed)?;
         Ok(())
     }
 

@@ -163,18 +163,14 @@ impl Snapshotter for RbdBackend {
         let cluster = self.snapshot_cluster(&id.cluster, &user, key).await?;
         crashpoint::hit("before-snapshot-delete");
         let pool = id.pool_spec();
-        // read before the snapshot image (and its metadata) goes
-        let kms_id = rbd_volume::encryption::recorded_kms_id(&cluster, &pool, &id.image)
-            .await
-            .unwrap_or_default();
-        let deleted = snapshot::delete_snapshot(&cluster, &pool, &id.image)
+        let deleted = self
+            .delete_with_key((&cluster, &pool, &id.image), handle, async {
+                let deleted = snapshot::delete_snapshot(&cluster, &pool, &id.image).await?;
+                crashpoint::hit("after-snapshot-delete");
+                Ok::<_, rbd_volume::Error>(deleted)
+            })
             .await
             .map_err(SnapshotError::retriable)?;
-        crashpoint::hit("after-snapshot-delete");
-        if let Some(kms_id) = kms_id {
-            self.remove_key((&cluster, &pool, &id.image), handle, &kms_id)
-                .await;
-        }
         tracing::debug!(snapshot_handle = %handle, ?deleted, "snapshot image deleted");
         Ok(())
     }

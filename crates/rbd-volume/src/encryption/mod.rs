@@ -251,12 +251,39 @@ pub async fn load_kms(
     config.with_secrets(secrets).kms(kms_id)
 }
 
-/// The delete-time step of an encrypted volume (or snapshot), after its image is gone: its key
-/// goes where its KMS (entry `kms_id`, as the image recorded it) keeps keys apart from the image
-/// (a per-volume Secret); with the `metadata` KMSs it went with the image. A failure is logged, not returned: the image is gone, and a retried delete would
-/// no longer know the entry; the key's Secret is labelled and annotated with its image for a
-/// manual clean-up.
-pub async fn remove_key(
+/// Deletes an image through `delete` (the volume core's delete of a volume or a snapshot) and,
+/// when that succeeds and the image recorded a KMS entry ([`META_KMS_ID`], read before `delete`
+/// runs, while the image and its metadata exist), removes its key where that KMS keeps keys apart
+/// from the image (a per-volume Secret); with the `metadata` KMSs the key went with the image.
+/// `volume_id` is the volume's (or snapshot's) ID, as the key was stored under it.
+///
+/// A failure to remove the key is logged, not returned: the image is gone, and a retried delete
+/// would no longer know the entry; the key's Secret is labelled and annotated with its image for
+/// a manual clean-up.
+///
+/// # Errors
+/// `delete`'s.
+pub async fn delete_with_key<T, E>(
+    image: (&Cluster, &str, &str),
+    volume_id: &str,
+    kms_config: &std::path::Path,
+    secrets: Option<std::sync::Arc<dyn secrets::SecretStore>>,
+    delete: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    let (cluster, pool, name) = image;
+    let kms_id = recorded_kms_id(cluster, pool, name)
+        .await
+        .unwrap_or_default();
+    let deleted = delete.await?;
+    if let Some(kms_id) = kms_id {
+        remove_key(image, volume_id, kms_config, secrets, &kms_id).await;
+    }
+    Ok(deleted)
+}
+
+/// The key of a deleted image, removed where KMS entry `kms_id` keeps keys apart from the image;
+/// a failure is logged ([`delete_with_key`]).
+async fn remove_key(
     (cluster, pool, image): (&Cluster, &str, &str),
     volume_id: &str,
     kms_config: &std::path::Path,
