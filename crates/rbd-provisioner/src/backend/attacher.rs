@@ -16,7 +16,6 @@ use provisioner::attach::{Access, AttachError, AttachRequest, Attacher, DetachRe
 use rbd_volume::publish::{self, Publication, Sharing};
 
 use crate::backend::RbdBackend;
-use crate::backend::pv_build::ImageLocation;
 
 fn sharing(access: Access) -> Sharing {
     if access.multi_node {
@@ -24,20 +23,6 @@ fn sharing(access: Access) -> Sharing {
     } else {
         Sharing::SingleNode
     }
-}
-
-/// The PV's image and a connection to its cluster with the PV's admin key.
-async fn image_of(
-    backend: &RbdBackend,
-    volume: &k8s_openapi::api::core::v1::PersistentVolume,
-) -> Result<(ImageLocation, std::sync::Arc<ceph_rbd::Cluster>), AttachError> {
-    let (location, monitors, user, key) =
-        backend.access_for(volume).await.map_err(AttachError::new)?;
-    let cluster = backend
-        .cluster(&monitors, &user, key)
-        .await
-        .map_err(AttachError::new)?;
-    Ok((location, cluster))
 }
 
 #[async_trait]
@@ -50,7 +35,10 @@ impl Attacher for RbdBackend {
         &self,
         request: &AttachRequest<'_>,
     ) -> Result<BTreeMap<String, String>, AttachError> {
-        let (location, cluster) = image_of(self, request.volume).await?;
+        let (location, cluster) = self
+            .connect_to_pv(request.volume)
+            .await
+            .map_err(AttachError::new)?;
         let wanted = Publication {
             node: request.node_id.to_owned(),
             sharing: sharing(request.access),
@@ -63,7 +51,10 @@ impl Attacher for RbdBackend {
     }
 
     async fn detach(&self, request: &DetachRequest<'_>) -> Result<(), AttachError> {
-        let (location, cluster) = image_of(self, request.volume).await?;
+        let (location, cluster) = self
+            .connect_to_pv(request.volume)
+            .await
+            .map_err(AttachError::new)?;
         publish::unpublish(
             &cluster,
             &location.pool_spec(),

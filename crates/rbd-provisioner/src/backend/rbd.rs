@@ -170,6 +170,17 @@ impl RbdBackend {
         }
     }
 
+    /// An existing PV's image and a pooled connection to its cluster with the PV's admin key
+    /// ([`Self::access_for`], then [`Self::cluster`]).
+    pub(crate) async fn connect_to_pv(
+        &self,
+        volume: &PersistentVolume,
+    ) -> Result<(ImageLocation, Arc<ceph_rbd::Cluster>), provisioner::volume::BoxError> {
+        let (location, monitors, user, key) = self.access_for(volume).await?;
+        let cluster = self.cluster(&monitors, &user, key).await?;
+        Ok((location, cluster))
+    }
+
     /// Location, monitors (resolved; for a `clusterID` looked up in the cluster config now),
     /// user and key for acting on an existing PV's image, from the PV alone.
     pub(crate) async fn access_for(
@@ -659,10 +670,8 @@ impl Provisioner for RbdBackend {
                 "PV {pv_name} has no RBD image source of ours"
             )));
         }
-        let (location, monitors, admin_id, key) =
-            self.access_for(volume).await.map_err(DeleteError::failed)?;
-        let cluster = self
-            .cluster(&monitors, &admin_id, key)
+        let (location, cluster) = self
+            .connect_to_pv(volume)
             .await
             .map_err(DeleteError::failed)?;
         let (pool, image) = (&location.pool_spec(), &location.image);
@@ -728,12 +737,7 @@ impl Expander for RbdBackend {
         volume: &PersistentVolume,
         new_size_bytes: u64,
     ) -> Result<ExpandOutcome, ExpandError> {
-        let (location, monitors, admin_id, key) =
-            self.access_for(volume).await.map_err(ExpandError::new)?;
-        let cluster = self
-            .cluster(&monitors, &admin_id, key)
-            .await
-            .map_err(ExpandError::new)?;
+        let (location, cluster) = self.connect_to_pv(volume).await.map_err(ExpandError::new)?;
         let size = claim::size_in_mib(new_size_bytes).ok_or_else(|| {
             ExpandError::new(format!(
                 "requested size {new_size_bytes} bytes is larger than the largest RBD image, {}",
@@ -794,10 +798,8 @@ impl provisioner::Modifier for RbdBackend {
         let qos = rbd_volume::qos::parse(class.parameters.iter().flatten()).map_err(|e| {
             ModifyError::infeasible(format!("VolumeAttributesClass {class_name}: {e}"))
         })?;
-        let (location, monitors, admin_id, key) =
-            self.access_for(volume).await.map_err(ModifyError::failed)?;
-        let cluster = self
-            .cluster(&monitors, &admin_id, key)
+        let (location, cluster) = self
+            .connect_to_pv(volume)
             .await
             .map_err(ModifyError::failed)?;
         match rbd_volume::qos::apply(&cluster, &location.pool_spec(), &location.image, &qos).await {
