@@ -154,7 +154,7 @@ impl Cluster {
             if !plan.metadata.is_empty() {
                 header::set_metadata(&io, op, &target, &id, &plan.metadata)?;
             }
-            let mut size = header::size(&io, op, &target, &id)?;
+            let mut size = header::size(&io, op, &target, &id, header::NOSNAP)?;
             let grow = plan.size.filter(|wanted| *wanted > size);
             if grow.is_some() || job.snapshot.is_some() {
                 let img = io.open(&job.image, false)?;

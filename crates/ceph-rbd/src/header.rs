@@ -46,18 +46,24 @@ pub(crate) fn image_id(
 }
 
 /// Ceph's `CEPH_NOSNAP`: the image itself rather than one of its snapshots.
-const NOSNAP: u64 = u64::MAX - 1;
+pub(crate) const NOSNAP: u64 = u64::MAX - 1;
 
-/// The size in bytes of the image whose ID is `id` (its head, not a snapshot): `get_size`,
-/// which answers the object order (`u8`) and the size (`u64`).
-pub(crate) fn size(io: &IoCtx<'_>, op: &'static str, target: &str, id: &str) -> Result<u64, Error> {
+/// The size in bytes of the image whose ID is `id`, at snapshot `snap_id` ([`NOSNAP`]: its
+/// head): `get_size`, which answers the object order (`u8`) and the size (`u64`).
+pub(crate) fn size(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    id: &str,
+    snap_id: u64,
+) -> Result<u64, Error> {
     let out = io.exec(
         op,
         target,
         &format!("rbd_header.{id}"),
         "rbd",
         "get_size",
-        &NOSNAP.to_le_bytes(),
+        &snap_id.to_le_bytes(),
     )?;
     let mut answer = Reader(&out);
     answer
@@ -100,12 +106,7 @@ pub(crate) fn snapshot(
         if name != snap {
             continue;
         }
-        let sized = call("get_size", &input)?;
-        let mut sized = Reader(&sized);
-        let size = sized
-            .u8()
-            .and_then(|_order| sized.u64())
-            .ok_or_else(|| malformed(op, target, "get_size"))?;
+        let size = size(io, op, target, id, snap_id)?;
         let protection = Reader(&call("get_protection_status", &input)?)
             .u8()
             .ok_or_else(|| malformed(op, target, "get_protection_status"))?;
