@@ -7,11 +7,13 @@
 //! does the same work with at most one open of each (plus those librbd's clone itself makes),
 //! in one call on the blocking pool. The new image's record is written through its header's
 //! object class rather than librbd's metadata calls, each of which notifies the image's
-//! watchers and makes the next call on the open image refresh it.
+//! watchers and makes the next call on the open image refresh it, and the new image's snapshot
+//! (if any) is taken without opening it ([`crate::first_snapshot`]) unless somebody watches it.
 
 use std::collections::BTreeMap;
 
 use crate::cluster::check_image_name;
+use crate::first_snapshot::{self, Taken};
 use crate::header;
 use crate::{Cluster, CreateOptions, Error, ParentSpec, SnapInfo};
 
@@ -90,7 +92,8 @@ impl Cluster {
     /// same call, each image opened at most once: the temporary snapshot taken (see
     /// [`CloneJob::temporary`]), the clone made, `record`'s metadata written (one object-class
     /// call on the new image's header), its size applied, the snapshot [`CloneJob::snapshot`]
-    /// taken (the new image is opened only to grow it or for that snapshot), the temporary
+    /// taken (the new image is opened only to grow it, or for that snapshot when somebody
+    /// watches it: otherwise it is taken with RADOS calls), the temporary
     /// snapshot removed. `record` gets the parent's facts when the parent was opened (temporary
     /// snapshot).
     ///
@@ -148,7 +151,7 @@ impl Cluster {
             let plan = record(facts.as_ref());
             // The record and the size through the header's object class, not an open: librbd
             // would notify and refresh (a new configuration copy) after every key. The new
-            // image is opened only to grow it or take its snapshot.
+            // image is opened only to grow it (or to take its snapshot when it is watched).
             let target = format!("{}/{}", job.pool, job.image);
             let id = header::image_id(&io, op, &target, &job.image)?;
             if !plan.metadata.is_empty() {
@@ -156,14 +159,17 @@ impl Cluster {
             }
             let mut size = header::size(&io, op, &target, &id, header::NOSNAP)?;
             let grow = plan.size.filter(|wanted| *wanted > size);
-            if grow.is_some() || job.snapshot.is_some() {
+            if let Some(wanted) = grow {
                 let img = io.open(&job.image, false)?;
-                if let Some(wanted) = grow {
-                    img.resize(wanted, false)?;
-                    size = wanted;
-                }
+                img.resize(wanted, false)?;
+                size = wanted;
                 if let Some(snap) = &job.snapshot {
                     img.snap_create(snap)?;
+                }
+            } else if let Some(snap) = &job.snapshot {
+                // nobody has the new image open: its snapshot without an open, unless watched
+                if first_snapshot::take(&io, op, &target, &id, snap)? == Taken::LeftToLibrbd {
+                    io.open(&job.image, false)?.snap_create(snap)?;
                 }
             }
             // read from the header: the open handle would refresh itself first

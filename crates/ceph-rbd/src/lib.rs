@@ -20,8 +20,9 @@
 //!   and names the operation and the pool/image, never the key.
 //! * Every `pool` argument is `pool` or `pool/namespace` (a RADOS namespace): see [`namespace`].
 //! * Plain format-2 images are created and removed with RADOS calls, the objects librbd itself
-//!   writes and removes, without a librbd image context (most of the CPU an image costs);
-//!   every other image, and every other operation, goes through librbd
+//!   writes and removes, without a librbd image context (most of the CPU an image costs); so is
+//!   the snapshot [`Cluster::clone_recorded`] takes of the image it has just cloned, unless
+//!   somebody has it open; every other image, and every other operation, goes through librbd
 //!   ([`created_without_librbd`], [`removed_without_librbd`] count the former).
 //! * All `unsafe` code lives in the private `raw` module.
 
@@ -34,6 +35,7 @@ mod create;
 mod denc;
 mod error;
 mod features;
+mod first_snapshot;
 mod header;
 pub mod key;
 mod lifecycle;

@@ -833,6 +833,32 @@ impl IoCtx<'_> {
         check(rc, op, target).map(drop)
     }
 
+    /// A new self-managed snapshot ID of this pool, as librbd allocates one for every RBD
+    /// snapshot (a monitor operation).
+    pub(crate) fn selfmanaged_snap_create(
+        &self,
+        op: &'static str,
+        target: &str,
+    ) -> Result<u64, Error> {
+        let mut id: ffi::rados_snap_t = 0;
+        // SAFETY: valid ioctx; valid out-pointer.
+        let rc = unsafe { ffi::rados_ioctx_selfmanaged_snap_create(self.handle, &mut id) };
+        check(rc, op, target)?;
+        Ok(id)
+    }
+
+    /// Releases self-managed snapshot ID `id` of this pool (one no snapshot took).
+    pub(crate) fn selfmanaged_snap_remove(
+        &self,
+        op: &'static str,
+        target: &str,
+        id: u64,
+    ) -> Result<(), Error> {
+        // SAFETY: valid ioctx.
+        let rc = unsafe { ffi::rados_ioctx_selfmanaged_snap_remove(self.handle, id) };
+        check(rc, op, target).map(drop)
+    }
+
     /// Removes object `oid` of this I/O context; `Ok(false)` when it did not exist.
     pub(crate) fn remove_object(
         &self,
