@@ -337,3 +337,80 @@ async fn a_restore_or_clone_keeps_its_sources_encryption() {
         .unwrap();
     }
 }
+
+/// A volume an older ceph-csi encrypted carries its state and key under the keys ceph-csi used
+/// then (`.rbd.csi.ceph.com/encrypted`, `.rbd.csi.ceph.com/dek`): it counts as encrypted, and
+/// a clone of it into an encrypted class gets a copy of that key (under today's key name) rather
+/// than a new one: it shares the source's LUKS header.
+#[tokio::test]
+async fn a_volume_with_an_older_ceph_csis_keys_is_encrypted_and_its_clone_keeps_the_key() {
+    let (server, _dir) = server(r#"{"plain": {"encryptionKMSType": "metadata"}}"#).await;
+    let mut ctl = server.controller().await;
+    for name in [
+        "pvc-crypt-legacy",
+        "pvc-crypt-legacy-a",
+        "pvc-crypt-legacy-b",
+    ] {
+        remove_image(name);
+    }
+    let legacy = ctl
+        .create_volume(create_request("pvc-crypt-legacy", 16 * MIB))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let cluster = micro_ceph::cluster();
+    let spec = format!("{}/pvc-crypt-legacy", cluster.pool);
+    let dek = "5f".repeat(32);
+    for (key, value) in [
+        (".rbd.csi.ceph.com/encrypted", "encrypted"),
+        (".rbd.csi.ceph.com/dek", dek.as_str()),
+    ] {
+        cluster
+            .rbd(&["image-meta", "set", &spec, key, value])
+            .unwrap();
+    }
+    let from_legacy = || {
+        Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Volume(
+                csi::volume_content_source::VolumeSource {
+                    volume_id: legacy.volume_id.clone(),
+                },
+            )),
+        })
+    };
+    let mut plain = create_request("pvc-crypt-legacy-a", 16 * MIB);
+    plain.volume_content_source = from_legacy();
+    let err = ctl.create_volume(plain).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert!(
+        err.message().contains("is encrypted and the class is not"),
+        "{}",
+        err.message()
+    );
+
+    let mut encrypted = encrypted_request("pvc-crypt-legacy-b", "plain", "rbd");
+    encrypted.volume_content_source = from_legacy();
+    let clone = ctl
+        .create_volume(encrypted)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let meta = image_meta("pvc-crypt-legacy-b");
+    assert_eq!(
+        meta.get("rbd.csi.ceph.com/dek"),
+        Some(&dek),
+        "the source's key, not a new one: {meta:?}"
+    );
+    for volume_id in [clone.volume_id, legacy.volume_id.clone()] {
+        ctl.delete_volume(csi::DeleteVolumeRequest {
+            volume_id,
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+    }
+}

@@ -27,6 +27,24 @@ use super::secrets_metadata::SecretsMetadataKms;
 
 /// Image metadata: the DEK of the `metadata` KMS (ceph-csi's key).
 pub const META_DEK: &str = "rbd.csi.ceph.com/dek";
+/// The key older ceph-csi releases kept [`META_DEK`] under; a volume they made may still carry
+/// only this one (ceph-csi moves it when it stages the volume).
+pub const LEGACY_META_DEK: &str = ".rbd.csi.ceph.com/dek";
+
+/// The DEK value stored on `target`'s image: under [`META_DEK`], else under
+/// [`LEGACY_META_DEK`]; `None` when neither holds one.
+pub(crate) async fn stored_dek(target: &Target<'_>) -> Result<Option<String>, ceph_rbd::Error> {
+    for key in [META_DEK, LEGACY_META_DEK] {
+        let value = target
+            .cluster
+            .metadata_get(target.pool, target.image, key)
+            .await?;
+        if let Some(value) = value.filter(|v| !v.is_empty()) {
+            return Ok(Some(value));
+        }
+    }
+    Ok(None)
+}
 
 /// A volume's passphrase (data encryption key): 32 random bytes, hex. Never printed.
 #[derive(Clone, PartialEq, Eq)]
@@ -116,9 +134,7 @@ impl Kms for MetadataKms {
     }
 
     async fn fetch_dek(&self, target: &Target<'_>) -> Result<Option<Dek>, EncryptionError> {
-        let value = target
-            .cluster
-            .metadata_get(target.pool, target.image, META_DEK)
+        let value = stored_dek(target)
             .await
             .map_err(|source| self.ceph(source))?;
         match value {

@@ -46,6 +46,8 @@ pub const CONTEXT_KEYS: &[&str] = &[PARAM_ENCRYPTED, PARAM_TYPE, PARAM_KMS_ID, P
 
 /// Image metadata: the volume's encryption state (ceph-csi's key).
 pub const META_ENCRYPTED: &str = "rbd.csi.ceph.com/encrypted";
+/// The key older ceph-csi releases kept [`META_ENCRYPTED`] under (see [`kms::LEGACY_META_DEK`]).
+pub const LEGACY_META_ENCRYPTED: &str = ".rbd.csi.ceph.com/encrypted";
 /// [`META_ENCRYPTED`]: the DEK is stored, the LUKS header not necessarily written yet.
 pub const ENCRYPTION_PREPARED: &str = "encryptionPrepared";
 /// Image metadata: the KMS entry (`encryptionKMSID`) keeping the volume's DEK.
@@ -199,7 +201,7 @@ pub fn check_source(
 }
 
 /// Whether image `pool/image` is an encrypted volume (or a snapshot of one): it has
-/// [`META_ENCRYPTED`].
+/// [`META_ENCRYPTED`] (or [`LEGACY_META_ENCRYPTED`]).
 ///
 /// # Errors
 /// Reading its metadata.
@@ -208,10 +210,16 @@ pub async fn is_encrypted(
     pool: &str,
     image: &str,
 ) -> Result<bool, ceph_rbd::Error> {
-    Ok(cluster
-        .metadata_get(pool, image, META_ENCRYPTED)
-        .await?
-        .is_some_and(|v| !v.trim().is_empty()))
+    for key in [META_ENCRYPTED, LEGACY_META_ENCRYPTED] {
+        if cluster
+            .metadata_get(pool, image, key)
+            .await?
+            .is_some_and(|v| !v.trim().is_empty())
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The KMS entry recorded on image `pool/image` ([`META_KMS_ID`]), if any.

@@ -108,12 +108,10 @@ impl Kms for SecretsMetadataKms {
     }
 
     async fn fetch_dek(&self, target: &Target<'_>) -> Result<Option<Dek>, EncryptionError> {
-        let stored = target
-            .cluster
-            .metadata_get(target.pool, target.image, META_DEK)
+        let stored = super::kms::stored_dek(target)
             .await
             .map_err(|e| self.ceph(e))?;
-        let Some(stored) = stored.filter(|v| !v.is_empty()) else {
+        let Some(stored) = stored else {
             return Ok(None);
         };
         if !wrap::is_wrapped(&stored) {
