@@ -377,8 +377,9 @@ fn run_suite(sanity: &Path, run: &Run<'_>) -> String {
     }
     assert!(
         status.success() && count("Failed") == 0,
-        "csi-sanity failed ({status}):\n{}\n(full report: {})",
+        "csi-sanity failed ({status}):\n{}\n{}\n(full report: {})",
         failed_specs.join("\n"),
+        failure_details(&output),
         report.display()
     );
     assert!(count("Passed") > 0, "csi-sanity ran no spec");
@@ -420,6 +421,23 @@ fn run_suite(sanity: &Path, run: &Run<'_>) -> String {
         assert_eq!(groups.trim(), "", "RBD groups left behind in {pool}");
     }
     std::fs::read_to_string(&log).unwrap_or_default()
+}
+
+/// What Ginkgo's verbose report says around each `[FAILED]` line (the step, the error and where),
+/// for the failure message: the report itself is removed with the run's folder.
+fn failure_details(report: &str) -> String {
+    let lines: Vec<&str> = report.lines().collect();
+    let mut shown = Vec::new();
+    let mut last = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if line.contains("[FAILED]") && i >= last {
+            let from = i.saturating_sub(12).max(last);
+            last = (i + 6).min(lines.len());
+            shown.push("  ...".to_string());
+            shown.extend(lines[from..last].iter().map(|l| format!("  {l}")));
+        }
+    }
+    shown.join("\n")
 }
 
 #[test]
