@@ -90,12 +90,12 @@ impl Cluster {
 
     /// Clones `job`'s parent snapshot to `job.pool/job.image` and completes the new image in the
     /// same call, each image opened at most once: the temporary snapshot taken (see
-    /// [`CloneJob::temporary`]), the clone made, `record`'s metadata written (one object-class
-    /// call on the new image's header), its size applied, the snapshot [`CloneJob::snapshot`]
-    /// taken (the new image is opened only to grow it, or for that snapshot when somebody
-    /// watches it: otherwise it is taken with RADOS calls), the temporary
-    /// snapshot removed. `record` gets the parent's facts when the parent was opened (temporary
-    /// snapshot).
+    /// [`CloneJob::temporary`]), the clone made, the temporary snapshot removed (the parent's
+    /// turn ends there: the next operation on it may start), `record`'s metadata written (one
+    /// object-class call on the new image's header), its size applied, the snapshot
+    /// [`CloneJob::snapshot`] taken (the new image is opened only to grow it, or for that
+    /// snapshot when somebody watches it: otherwise it is taken with RADOS calls). `record`
+    /// gets the parent's facts when the parent was opened (temporary snapshot).
     ///
     /// Stops at the first error, leaving what was done (each step is one a retry can find and
     /// complete); `AlreadyExists` when the new image exists already, which the caller completes
@@ -121,7 +121,7 @@ impl Cluster {
         let image_turn = self.claim_image(op, &job.pool, &job.image).await?;
         let target = format!("{}/{}@{}", job.parent_pool, job.parent, job.snap);
         self.run(op, target, move |rados| {
-            let _turns = (parent_turn, image_turn);
+            let _image_turn = image_turn;
             let parent_io = rados.ioctx(&job.parent_pool)?;
             let io = rados.ioctx(&job.pool)?;
             let parent = if job.temporary {
@@ -148,6 +148,19 @@ impl Cluster {
                 None => None,
             };
             parent_io.clone_image(&job.parent, &job.snap, &io, &job.image, &job.options)?;
+            // The parent's part ends here: its temporary snapshot goes (to its snapshot trash
+            // while the clone depends on it), the handle closes (its exclusive lock with it),
+            // and the next operation on the parent may start while this one completes the new
+            // image.
+            if let Some(parent) = parent {
+                match parent.snap_remove(&job.snap) {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+                drop(parent);
+            }
+            drop(parent_turn);
             let plan = record(facts.as_ref());
             // The record and the size through the header's object class, not an open: librbd
             // would notify and refresh (a new configuration copy) after every key. The new
@@ -177,13 +190,6 @@ impl Cluster {
                 Some(snap) => header::snapshot(&io, op, &target, &id, snap)?,
                 None => None,
             };
-            if let Some(parent) = &parent {
-                match parent.snap_remove(&job.snap) {
-                    Ok(()) => {}
-                    Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(e),
-                }
-            }
             Ok(Cloned {
                 parent: facts,
                 size,
