@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::CreateOptions;
 use crate::denc::{Reader, malformed, put_bytes};
 use crate::error::Error;
+use crate::header::{NOSNAP, object_map_name};
 use crate::raw::{IoCtx, WriteStep};
 
 static CREATED_PLAIN: AtomicU64 = AtomicU64::new(0);
@@ -215,18 +216,16 @@ pub(crate) fn create_plain(
     let mut entry = Vec::new();
     put_bytes(&mut entry, name.as_bytes());
     put_bytes(&mut entry, id.as_bytes());
-    let exec = |method, input| WriteStep::Exec {
-        class: "rbd",
-        method,
-        input,
-    };
     // The namespace's directory exists once the pool (or namespace) is set up for RBD; if it
     // does not, librbd creates the image (and says when the namespace does not exist).
     match io.write_op(
         op,
         target,
         "rbd_directory",
-        &[WriteStep::AssertExists, exec("dir_add_image", &entry)],
+        &[
+            WriteStep::AssertExists,
+            WriteStep::rbd("dir_add_image", &entry),
+        ],
     ) {
         Ok(()) => {}
         Err(e) if e.is_not_found() => return Ok(Plain::No("the pool has no image directory")),
@@ -237,7 +236,7 @@ pub(crate) fn create_plain(
             op,
             target,
             "rbd_directory",
-            &[exec("dir_remove_image", &entry)],
+            &[WriteStep::rbd("dir_remove_image", &entry)],
         );
     };
     let mut id_arg = Vec::new();
@@ -249,7 +248,7 @@ pub(crate) fn create_plain(
         &id_object,
         &[
             WriteStep::CreateExclusive,
-            exec("set_id", &id_arg),
+            WriteStep::rbd("set_id", &id_arg),
             WriteStep::Exec {
                 class: "lock",
                 method: "lock",
@@ -271,7 +270,7 @@ pub(crate) fn create_plain(
     create.extend_from_slice(&features.to_le_bytes());
     put_bytes(&mut create, format!("rbd_data.{id}").as_bytes());
     create.extend_from_slice(&(-1i64).to_le_bytes());
-    let steps = [exec("create", &create)];
+    let steps = [WriteStep::rbd("create", &create)];
     if let Err(e) = io.write_op(op, target, &header, &steps) {
         undo_id();
         return Err(e);
@@ -282,8 +281,8 @@ pub(crate) fn create_plain(
         if let Err(e) = io.write_op(
             op,
             target,
-            &format!("rbd_object_map.{id}"),
-            &[exec("object_map_resize", &resize)],
+            &object_map_name(&id, NOSNAP),
+            &[WriteStep::rbd("object_map_resize", &resize)],
         ) {
             let _ = io.remove_object(op, target, &header);
             undo_id();

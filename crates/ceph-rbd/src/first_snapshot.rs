@@ -23,7 +23,7 @@
 
 use crate::error::Error;
 use crate::features::Features;
-use crate::header::NOSNAP;
+use crate::header::{NOSNAP, object_map_name};
 use crate::raw::{IoCtx, WriteStep};
 
 /// What [`take`] did.
@@ -61,15 +61,6 @@ fn snapshot_add_input(name: &str, snap_id: u64) -> Vec<u8> {
     input.extend_from_slice(&4u32.to_le_bytes());
     input.extend_from_slice(&0u32.to_le_bytes());
     input
-}
-
-/// The object map of image `id` at `snap_id` ([`NOSNAP`]: its head), named as librbd names it.
-fn object_map_name(id: &str, snap_id: u64) -> String {
-    if snap_id == NOSNAP {
-        format!("rbd_object_map.{id}")
-    } else {
-        format!("rbd_object_map.{id}.{snap_id:016x}")
-    }
 }
 
 /// Takes snapshot `snap` of the format-2 image whose ID is `id` (`target` names it in errors)
@@ -120,23 +111,18 @@ pub(crate) fn take(
     };
     let snap_id = add_to_header(io, op, target, &header, snap)?;
     if let Some(map) = head_map {
-        let exec = |method, input| WriteStep::Exec {
-            class: "rbd",
-            method,
-            input,
-        };
         io.write_op(
             op,
             target,
             &object_map_name(id, snap_id),
-            &[exec("object_map_save", &map)],
+            &[WriteStep::rbd("object_map_save", &map)],
         )?;
         if features.contains(Features::FAST_DIFF) {
             io.write_op(
                 op,
                 target,
                 &object_map_name(id, NOSNAP),
-                &[exec("object_map_snap_add", &[])],
+                &[WriteStep::rbd("object_map_snap_add", &[])],
             )?;
         }
     }
@@ -162,11 +148,10 @@ fn add_to_header(
             op,
             target,
             header,
-            &[WriteStep::Exec {
-                class: "rbd",
-                method: "snapshot_add",
-                input: &snapshot_add_input(snap, snap_id),
-            }],
+            &[WriteStep::rbd(
+                "snapshot_add",
+                &snapshot_add_input(snap, snap_id),
+            )],
         );
         match added {
             Ok(()) => return Ok(snap_id),
@@ -303,14 +288,5 @@ mod tests {
         assert_eq!(cluster.snap_list(&pool, &image).await.unwrap().len(), 1);
         cluster.snap_remove(&pool, &image, "s1").await.unwrap();
         cluster.remove_image(&pool, &image).await.unwrap();
-    }
-
-    #[test]
-    fn object_maps_are_named_as_librbd_names_them() {
-        assert_eq!(object_map_name("abc", NOSNAP), "rbd_object_map.abc");
-        assert_eq!(
-            object_map_name("abc", 0x1f),
-            "rbd_object_map.abc.000000000000001f"
-        );
     }
 }

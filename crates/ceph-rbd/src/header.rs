@@ -48,6 +48,16 @@ pub(crate) fn image_id(
 /// Ceph's `CEPH_NOSNAP`: the image itself rather than one of its snapshots.
 pub(crate) const NOSNAP: u64 = u64::MAX - 1;
 
+/// The object map of the image whose ID is `id` at snapshot `snap_id` ([`NOSNAP`]: its head),
+/// named as librbd names it.
+pub(crate) fn object_map_name(id: &str, snap_id: u64) -> String {
+    if snap_id == NOSNAP {
+        format!("rbd_object_map.{id}")
+    } else {
+        format!("rbd_object_map.{id}.{snap_id:016x}")
+    }
+}
+
 /// The size in bytes of the image whose ID is `id`, at snapshot `snap_id` ([`NOSNAP`]: its
 /// head): `get_size`, which answers the object order (`u8`) and the size (`u64`).
 pub(crate) fn size(
@@ -297,6 +307,15 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn object_maps_are_named_as_librbd_names_them() {
+        assert_eq!(object_map_name("abc", NOSNAP), "rbd_object_map.abc");
+        assert_eq!(
+            object_map_name("abc", 0x1f),
+            "rbd_object_map.abc.000000000000001f"
+        );
+    }
 
     #[test]
     fn list_requests_carry_the_start_and_the_page_size() {

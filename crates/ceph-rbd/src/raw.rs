@@ -1553,6 +1553,17 @@ pub(crate) enum WriteStep<'a> {
     },
 }
 
+impl<'a> WriteStep<'a> {
+    /// A call of the `rbd` object class's `method`.
+    pub(crate) fn rbd(method: &'a str, input: &'a [u8]) -> Self {
+        WriteStep::Exec {
+            class: "rbd",
+            method,
+            input,
+        }
+    }
+}
+
 /// Asynchronous removals under way: each completion is waited for and released exactly once,
 /// also when the caller stops early (`Drop`).
 struct InFlight {

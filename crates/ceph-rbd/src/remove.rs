@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::denc::{Reader, malformed, put_bytes};
 use crate::error::Error;
+use crate::header::{NOSNAP, object_map_name};
 use crate::raw::IoCtx;
 
 static REMOVED_PLAIN: AtomicU64 = AtomicU64::new(0);
@@ -35,9 +36,6 @@ static REMOVED_PLAIN: AtomicU64 = AtomicU64::new(0);
 pub fn removed_without_librbd() -> u64 {
     REMOVED_PLAIN.load(Ordering::Relaxed)
 }
-
-/// `CEPH_NOSNAP`: the image head in the `rbd` class calls that take a snapshot ID.
-const HEAD: u64 = u64::MAX - 1;
 
 /// Feature bits this module removes images with: layering (without a parent), exclusive-lock,
 /// object-map, fast-diff, deep-flatten. Every other bit (striping v2, journaling, data pool,
@@ -153,7 +151,7 @@ pub(crate) fn remove_plain(
     let call =
         |oid: &str, method: &str, input: &[u8]| io.exec(op, target, oid, "rbd", method, input);
 
-    let features = match call(&header, "get_features", &HEAD.to_le_bytes()) {
+    let features = match call(&header, "get_features", &NOSNAP.to_le_bytes()) {
         Ok(out) => Reader(&out)
             .u64()
             .ok_or_else(|| malformed(op, target, "get_features"))?,
@@ -175,7 +173,7 @@ pub(crate) fn remove_plain(
     }
     // (a parent this older call cannot describe, e.g. in a RADOS namespace, is an error here:
     // librbd then removes the clone)
-    let parent_pool = match call(&header, "get_parent", &HEAD.to_le_bytes()) {
+    let parent_pool = match call(&header, "get_parent", &NOSNAP.to_le_bytes()) {
         Ok(parent) => Reader(&parent)
             .i64()
             .ok_or_else(|| malformed(op, target, "get_parent"))?,
@@ -202,7 +200,7 @@ pub(crate) fn remove_plain(
     if prefix != format!("rbd_data.{id}") {
         return Ok(Plain::No("its data objects have an unexpected name"));
     }
-    let size = call(&header, "get_size", &HEAD.to_le_bytes())?;
+    let size = call(&header, "get_size", &NOSNAP.to_le_bytes())?;
     let mut r = Reader(&size);
     let (order, size) = r
         .u8()
@@ -217,14 +215,14 @@ pub(crate) fn remove_plain(
 
     let count = size.div_ceil(1u64 << order);
     let mapped = if features & OBJECT_MAP != 0 {
-        let flags = call(&header, "get_flags", &HEAD.to_le_bytes())?;
+        let flags = call(&header, "get_flags", &NOSNAP.to_le_bytes())?;
         let flags = Reader(&flags)
             .u64()
             .ok_or_else(|| malformed(op, target, "get_flags"))?;
         if flags & FLAG_OBJECT_MAP_INVALID != 0 {
             None
         } else {
-            match call(&format!("rbd_object_map.{id}"), "object_map_load", &[]) {
+            match call(&object_map_name(id, NOSNAP), "object_map_load", &[]) {
                 Ok(map) => objects_in_map(&map, count),
                 Err(e) if e.is_not_found() => None,
                 Err(e) => return Err(e),
@@ -240,7 +238,7 @@ pub(crate) fn remove_plain(
     };
 
     io.remove_object(op, target, &header)?;
-    io.remove_object(op, target, &format!("rbd_object_map.{id}"))?;
+    io.remove_object(op, target, &object_map_name(id, NOSNAP))?;
     io.remove_object(op, target, &format!("rbd_id.{name}"))?;
     let mut entry = Vec::new();
     put_bytes(&mut entry, name.as_bytes());
