@@ -32,18 +32,15 @@ pub const META_DEK: &str = "rbd.csi.ceph.com/dek";
 pub const LEGACY_META_DEK: &str = ".rbd.csi.ceph.com/dek";
 
 /// The DEK value stored on `target`'s image: under [`META_DEK`], else under
-/// [`LEGACY_META_DEK`]; `None` when neither holds one.
+/// [`LEGACY_META_DEK`]; `None` when neither holds one. One read of the image's metadata.
 pub(crate) async fn stored_dek(target: &Target<'_>) -> Result<Option<String>, ceph_rbd::Error> {
-    for key in [META_DEK, LEGACY_META_DEK] {
-        let value = target
-            .cluster
-            .metadata_get(target.pool, target.image, key)
-            .await?;
-        if let Some(value) = value.filter(|v| !v.is_empty()) {
-            return Ok(Some(value));
-        }
-    }
-    Ok(None)
+    let mut meta = target
+        .cluster
+        .metadata_list_unopened(target.pool, target.image)
+        .await?;
+    Ok([META_DEK, LEGACY_META_DEK]
+        .into_iter()
+        .find_map(|key| meta.remove(key).filter(|v| !v.is_empty())))
 }
 
 /// A volume's passphrase (data encryption key): 32 random bytes, hex. Never printed.

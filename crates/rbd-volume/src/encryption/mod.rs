@@ -201,7 +201,7 @@ pub fn check_source(
 }
 
 /// Whether image `pool/image` is an encrypted volume (or a snapshot of one): it has
-/// [`META_ENCRYPTED`] (or [`LEGACY_META_ENCRYPTED`]).
+/// [`META_ENCRYPTED`] (or [`LEGACY_META_ENCRYPTED`]); one read of its metadata.
 ///
 /// # Errors
 /// Reading its metadata.
@@ -210,16 +210,10 @@ pub async fn is_encrypted(
     pool: &str,
     image: &str,
 ) -> Result<bool, ceph_rbd::Error> {
-    for key in [META_ENCRYPTED, LEGACY_META_ENCRYPTED] {
-        if cluster
-            .metadata_get(pool, image, key)
-            .await?
-            .is_some_and(|v| !v.trim().is_empty())
-        {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    let meta = cluster.metadata_list_unopened(pool, image).await?;
+    Ok([META_ENCRYPTED, LEGACY_META_ENCRYPTED]
+        .iter()
+        .any(|key| meta.get(*key).is_some_and(|v| !v.trim().is_empty())))
 }
 
 /// The KMS entry recorded on image `pool/image` ([`META_KMS_ID`]), if any.
