@@ -313,10 +313,7 @@ fn run_suite(sanity: &Path, run: &Run<'_>) -> String {
         );
         (status, output) = run_sanity(sanity, &socket, d, &report, &log);
     }
-    let failed_specs: Vec<&str> = output
-        .lines()
-        .filter(|l| l.starts_with("  [FAIL] ") || l.starts_with("[FAIL] "))
-        .collect();
+    let failed_specs = failed_specs(&output);
     let counts = summary(&output).unwrap_or_else(|| {
         panic!(
             "no Ginkgo summary in csi-sanity's output ({status}):\n{}",
@@ -445,6 +442,14 @@ fn run_sanity(
     (status, output)
 }
 
+/// The `[FAIL]` lines of Ginkgo's summary: one per failed spec.
+fn failed_specs(report: &str) -> Vec<&str> {
+    report
+        .lines()
+        .filter(|l| l.starts_with("  [FAIL] ") || l.starts_with("[FAIL] "))
+        .collect()
+}
+
 /// Whether every failure of a csi-sanity run is the connect race of csi-test's
 /// `utils.Connect` (v5.4.0): it dials, then loops on `WaitForStateChange(ctx, GetState())`
 /// until the state is READY, so a connection that became READY before the first `GetState()`
@@ -452,10 +457,7 @@ fn run_sanity(
 /// and fails the first spec's `BeforeEach` with "Connection timed out"; the later specs reuse
 /// that same connection and pass. Seen in CI under load, with the plugin serving all along.
 fn hit_connect_race(report: &str) -> bool {
-    let failed: Vec<&str> = report
-        .lines()
-        .filter(|l| l.starts_with("  [FAIL] ") || l.starts_with("[FAIL] "))
-        .collect();
+    let failed = failed_specs(report);
     failed.len() == 1
         && failed[0].contains("[BeforeEach]")
         && report.contains("Connection timed out")
