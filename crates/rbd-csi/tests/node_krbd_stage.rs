@@ -8,7 +8,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -25,9 +24,9 @@ const VOLUME: &str = "v1/127.0.0.1:6789/kube/pvc-1";
 /// A node service whose krbd mapper sees the fake kernel under `root`.
 fn node(root: &Path) -> NodeService {
     let script = root.join("fake-rbd");
-    std::fs::write(
+    common::write_executable(
         &script,
-        format!(
+        &format!(
             r#"#!/bin/sh
 root={root}
 echo "$1 $2" >> "$root/calls"
@@ -43,9 +42,7 @@ esac
 "#,
             root = root.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     std::fs::create_dir_all(root.join("sys/bus/rbd/devices")).unwrap();
     std::fs::create_dir_all(root.join("dev")).unwrap();
     let krbd: Arc<dyn Mapper> = Arc::new(

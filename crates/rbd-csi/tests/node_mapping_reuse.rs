@@ -9,7 +9,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -74,9 +73,9 @@ async fn a_wrong_key_does_not_get_the_device_of_an_image_mapped_already() {
 /// `<root>/fsid/<monitors with : . , as _>` holds it.
 fn krbd_node(root: &Path) -> NodeService {
     let script = root.join("fake-rbd");
-    std::fs::write(
+    common::write_executable(
         &script,
-        format!(
+        &format!(
             r#"#!/bin/sh
 root={root}
 echo "$1 $2" >> "$root/calls"
@@ -96,9 +95,7 @@ esac
 "#,
             root = root.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     for dir in ["sys/bus/rbd/devices", "dev", "fsid"] {
         std::fs::create_dir_all(root.join(dir)).unwrap();
     }

@@ -474,21 +474,18 @@ mod tests {
     }
     #[tokio::test]
     async fn key_reaches_rbd_only_through_a_private_file_removed_after_map() {
-        use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let script = dir.join("fake-rbd");
         // Arguments: map POOL/IMAGE --id USER -m MONITORS --keyfile FILE -> FILE is $8.
-        std::fs::write(
+        crate::mapper::fake::write_executable(
             &script,
-            format!(
+            &format!(
                 "#!/bin/sh\n[ \"$(stat -c %a \"$8\")\" = 600 ] || exit 3\n\
                  cat \"$8\" > {d}/seen-key\necho \"$@\" > {d}/seen-args\necho /dev/rbd7\n",
                 d = dir.display()
             ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         let keys = dir.join("keys");
         let mapper = KrbdMapper::new(keys.clone(), None)
             .with_program(script.display().to_string())
