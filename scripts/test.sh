@@ -171,6 +171,22 @@ vm_result=$(awk '$1 == "test" && $2 == "vm_suite" && $3 == "..." {print $4}' "$T
 guest=$(grep -Ec '^test guest_.* \.\.\. ok$' "$TMPDIR/test-vm.log" || true)
 summary+=("the VM suite: vm_suite ${vm_result:-did not run}, $guest guest tests passed in the VM")
 
+# A test binary that died of a signal (a Ceph client thread's crash) wrote where, through
+# micro-ceph's handler: shown here, next to the summary, with this machine's binaries' frames named.
+for log in "$TMPDIR"/test*.log; do
+  grep -q '^=== micro-ceph test support: fatal signal' "$log" || continue
+  echo "== fatal signals in $(basename "$log")"
+  awk '/^=== micro-ceph test support: fatal signal/,/^=== end of the report/' "$log" \
+    | while IFS= read -r line; do
+      if [[ $line =~ ^([^\(\ ]+)\(\+0x([0-9a-f]+)\) ]] && [ -f "${BASH_REMATCH[1]}" ]; then
+        # a return address: the call is the byte before
+        at=$(printf '0x%x' $((0x${BASH_REMATCH[2]} - 1)))
+        echo "$line $(addr2line -f -C -e "${BASH_REMATCH[1]}" "$at" 2>/dev/null | paste -sd' ' -)"
+      else
+        echo "$line"
+      fi
+    done
+done
 summary+=("disk: $(df -h --output=avail "$ROOT" | tail -n 1 | tr -d ' ') free at the end (the mons refuse to start at 1 % or less)")
 printf '%s\n' "${summary[@]}"
 [ "${#failed_steps[@]}" = 0 ] || printf 'failed steps: %s\n' "$(IFS=';'; echo "${failed_steps[*]}")"

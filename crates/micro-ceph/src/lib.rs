@@ -15,6 +15,8 @@
 //! [`MicroCeph::start`] gives an owned cluster (stopped on drop) for tests that break their cluster
 //! on purpose (outage tests).
 
+mod crash;
+
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -99,6 +101,8 @@ impl MicroCeph {
     /// Like [`MicroCeph::start`], with extra `micro-ceph.sh` settings (`("MSGR1", "1")` for a
     /// cluster that also speaks msgr1).
     pub fn start_with(settings: &[(&str, &str)]) -> Result<MicroCeph, Error> {
+        // a test process that dies of a signal (a Ceph client thread's crash) says where
+        crash::install();
         // A port found free can be taken before the script binds it (any listener bound to port
         // 0 gets an ephemeral port, and that range overlaps ours): then the script says "already
         // in use" and another port is claimed, the busy one kept locked meanwhile so the next
