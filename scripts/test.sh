@@ -171,12 +171,13 @@ vm_result=$(awk '$1 == "test" && $2 == "vm_suite" && $3 == "..." {print $4}' "$T
 guest=$(grep -Ec '^test guest_.* \.\.\. ok$' "$TMPDIR/test-vm.log" || true)
 summary+=("the VM suite: vm_suite ${vm_result:-did not run}, $guest guest tests passed in the VM")
 
-# A test binary that died of a signal (a Ceph client thread's crash) wrote where, through
-# micro-ceph's handler: shown here, next to the summary, with this machine's binaries' frames named.
+# A test binary that died of a signal (a Ceph client thread's crash) wrote where, through the
+# crash-report crate's handler (micro-ceph installs it): shown here, next to the summary, with
+# this machine's binaries' frames named.
 for log in "$TMPDIR"/test*.log; do
-  grep -q '^=== micro-ceph test support: fatal signal' "$log" || continue
+  grep -q '^=== .*: fatal signal SIG' "$log" || continue
   echo "== fatal signals in $(basename "$log")"
-  awk '/^=== micro-ceph test support: fatal signal/,/^=== end of the report/' "$log" \
+  awk '/^=== .*: fatal signal SIG/,/^=== end of the report/' "$log" \
     | while IFS= read -r line; do
       if [[ $line =~ ^([^\(\ ]+)\(\+0x([0-9a-f]+)\) ]] && [ -f "${BASH_REMATCH[1]}" ]; then
         # a return address: the call is the byte before

@@ -15,8 +15,6 @@
 //! [`MicroCeph::start`] gives an owned cluster (stopped on drop) for tests that break their cluster
 //! on purpose (outage tests).
 
-mod crash;
-
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -102,7 +100,7 @@ impl MicroCeph {
     /// cluster that also speaks msgr1).
     pub fn start_with(settings: &[(&str, &str)]) -> Result<MicroCeph, Error> {
         // a test process that dies of a signal (a Ceph client thread's crash) says where
-        crash::install();
+        crash_report::install("test process");
         // A port found free can be taken before the script binds it (any listener bound to port
         // 0 gets an ephemeral port, and that range overlaps ours): then the script says "already
         // in use" and another port is claimed, the busy one kept locked meanwhile so the next

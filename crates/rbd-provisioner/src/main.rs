@@ -23,6 +23,8 @@ fn init_logging(log: &LogArgs) {
 fn main() {
     let cli: Cli = cli::parse(cli::normalise_args(std::env::args()));
     init_logging(&cli.log);
+    // librados' and librbd's threads run in this process: if one crashes, say where
+    crash_report::install("rbd-provisioner");
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -103,12 +103,17 @@ fn assert_exit(p: &mut Process, expected: i32, what: &str) {
 }
 
 fn sigterm(p: &Process) {
+    send(p.pid(), "-TERM");
+}
+
+/// `kill SIGNAL pid`, which must succeed.
+fn send(pid: u32, signal: &str) {
     let ok = std::process::Command::new("kill")
-        .args(["-TERM", &p.pid().to_string()])
+        .args([signal, &pid.to_string()])
         .status()
         .unwrap()
         .success();
-    assert!(ok, "kill -TERM failed");
+    assert!(ok, "kill {signal} failed");
 }
 
 /// Lease lost (renewals hang) 20 times with claims in flight: exit status 1 every time, and
@@ -239,6 +244,42 @@ fn a_daemon_cgroup_that_is_no_cgroup_fails_the_node_plugins_start_naming_the_fla
         "{stderr}"
     );
     assert!(!dir.path().join("csi.sock").exists(), "nothing served");
+}
+
+/// A fatal signal (here SIGSEGV sent from outside, as a crashing librados thread would raise it)
+/// is reported on stderr, naming the signal and the thread, with the stack; the process still
+/// dies of that signal.
+#[test]
+fn a_fatal_signal_is_reported_on_stderr_and_still_ends_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+        .args(["csi", "--services=controller", "--node-id=n1"])
+        .arg(format!("--endpoint=unix://{}", socket.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // serving: the handler is installed long before
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "the plugin never served"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    send(child.id(), "-SEGV");
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{stderr}");
+    let start = stderr
+        .find("=== rbd-provisioner: fatal signal SIGSEGV in thread '")
+        .unwrap_or_else(|| panic!("no report: {stderr}"));
+    let report = &stderr[start..];
+    assert!(report.contains("; its stack:\n"), "{report}");
+    assert!(report.contains("rbd-provisioner(+0x"), "{report}");
+    assert!(report.contains("=== end of the report"), "{report}");
 }
 
 #[test]

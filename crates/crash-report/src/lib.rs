@@ -1,8 +1,13 @@
-//! A report on stderr when a test process dies of a fatal signal: which signal, in which thread,
-//! and that thread's stack (glibc's `backtrace`: librados and librbd frames by name, the test
-//! binary's by offset). Ceph's client threads can crash a test binary in ways cargo only reports
-//! as "signal: 11"; a CI log then shows where. After the report, the signal takes its course (the
-//! handler that was there before, Rust's stack-overflow check included, or the default action).
+//! A report on stderr when the process dies of a fatal signal: which signal, in which thread, and
+//! that thread's stack (glibc's `backtrace`: librados' and librbd's frames by name, the program's
+//! own by offset, for `addr2line`). librados and librbd run threads of their own inside our
+//! processes; when one of them crashes, the process would otherwise end with nothing but "signal:
+//! 11" (a container restart, a test binary cargo reports as died). After the report, the signal
+//! takes its course: the handler that was there before (Rust's stack-overflow check) or the
+//! default action, so the exit status and any core dump are as without it.
+//!
+//! The report starts with `=== PROGRAM: fatal signal NAME in thread 'THREAD'` and ends with
+//! `=== end of the report`.
 
 use std::ffi::c_int;
 use std::sync::OnceLock;
@@ -23,9 +28,13 @@ unsafe extern "C" {
 
 /// The actions in place before ours, restored before the signal is delivered again.
 static PREVIOUS: OnceLock<Vec<(c_int, libc::sigaction)>> = OnceLock::new();
+/// The name the report starts with.
+static PROGRAM: OnceLock<&'static str> = OnceLock::new();
 
-/// Installs the report for [`SIGNALS`] once per process.
-pub(crate) fn install() {
+/// Installs the report for SIGSEGV, SIGBUS, SIGABRT, SIGILL and SIGFPE, naming `program` in it.
+/// Once per process: later calls change nothing.
+pub fn install(program: &'static str) {
+    PROGRAM.get_or_init(|| program);
     PREVIOUS.get_or_init(|| {
         // glibc's first backtrace loads libgcc_s (allocates): do it now, not in the handler
         let mut warm = [std::ptr::null_mut(); 2];
@@ -56,7 +65,9 @@ fn say(bytes: &[u8]) {
 }
 
 extern "C" fn report(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    say(b"\n=== micro-ceph test support: fatal signal ");
+    say(b"\n=== ");
+    say(PROGRAM.get().map_or(&b"process"[..], |p| p.as_bytes()));
+    say(b": fatal signal ");
     say(signal_name(sig));
     say(b" in thread '");
     let mut name = [0u8; 32];
@@ -81,22 +92,29 @@ extern "C" fn report(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_
         backtrace_symbols_fd(frames.as_ptr(), n, 2);
     }
     say(b"=== end of the report\n");
-    // Let the signal take its course: the earlier action (Rust's stack-overflow check for
-    // SIGSEGV) or the default. A fault re-occurs on return; an abort or a raise is re-raised.
-    if let Some(previous) = PREVIOUS.get() {
-        for (s, old) in previous {
-            if *s == sig {
-                // SAFETY: restoring the action sigaction returned at install.
-                unsafe { libc::sigaction(sig, old, std::ptr::null_mut()) };
-            }
-        }
-    }
-    // SAFETY: a signal sent by a process (abort, kill, raise): send it again, now handled as
-    // before; a fault (si_code > 0 from the kernel) re-occurs when the handler returns.
-    unsafe {
-        if info.is_null() || (*info).si_code <= 0 {
+    // Let the signal take its course. A fault (si_code > 0, from the kernel) re-occurs when the
+    // handler returns, now met by the earlier action (Rust's stack-overflow check for SIGSEGV,
+    // which falls back to the default). A signal sent by a process (abort, kill, raise) is sent
+    // again with the default action: an earlier handler could take it as a harmless one (Rust's
+    // returns, and the process would go on).
+    let sent = info.is_null() || {
+        // SAFETY: the kernel's siginfo for this signal.
+        unsafe { (*info).si_code <= 0 }
+    };
+    if sent {
+        // SAFETY: a zeroed sigaction is SIG_DFL with no flags; raise(3) is async-signal-safe.
+        unsafe {
+            let mut default: libc::sigaction = std::mem::zeroed();
+            default.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &default, std::ptr::null_mut());
             libc::raise(sig);
         }
+    } else if let Some((_, old)) = PREVIOUS
+        .get()
+        .and_then(|p| p.iter().find(|(s, _)| *s == sig))
+    {
+        // SAFETY: restoring the action sigaction returned at install.
+        unsafe { libc::sigaction(sig, old, std::ptr::null_mut()) };
     }
 }
 
@@ -129,8 +147,8 @@ mod tests {
     #[test]
     #[ignore = "crashes its process on purpose"]
     fn crash_here() {
-        if std::env::var_os("MICRO_CEPH_CRASH_HERE").is_some() {
-            install();
+        if std::env::var_os("CRASH_REPORT_CRASH_HERE").is_some() {
+            install("crash-report test");
             std::thread::Builder::new()
                 .name("doomed".into())
                 .spawn(|| {
@@ -146,19 +164,17 @@ mod tests {
     #[test]
     fn a_fatal_signal_is_reported_with_its_thread_and_stack_and_still_kills() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "crash::tests::crash_here",
-                "--nocapture",
-            ])
-            .env("MICRO_CEPH_CRASH_HERE", "1")
+            .args(["--ignored", "--exact", "tests::crash_here", "--nocapture"])
+            .env("CRASH_REPORT_CRASH_HERE", "1")
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{stderr}");
         assert!(
-            stderr.contains("fatal signal SIGSEGV in thread 'doomed', address 0x0000000000000000"),
+            stderr.contains(
+                "=== crash-report test: fatal signal SIGSEGV in thread 'doomed', \
+                 address 0x0000000000000000"
+            ),
             "{stderr}"
         );
         // frames follow, the C library's among them
