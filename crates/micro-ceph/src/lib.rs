@@ -358,6 +358,35 @@ fn spawn_guardian(dir: &Path) -> Result<(), Error> {
         })
 }
 
+/// Test support beside the cluster: writes executable `path` with `text` through a child process
+/// (`sh`), so that the test process never holds the file open for writing. A stand-in program a
+/// test process wrote itself can fail to run with ETXTBSY ("Text file busy"): a child another
+/// test thread forked meanwhile inherits the write descriptor and keeps it until its own exec.
+///
+/// # Panics
+/// When `sh` cannot be run or fails to write the file (a test helper).
+#[allow(clippy::missing_panics_doc, clippy::unwrap_used, clippy::expect_used)]
+pub fn write_executable(path: &Path, text: &str) {
+    use std::io::Write;
+    let mut sh = Command::new("sh")
+        .arg("-c")
+        .arg("cat > \"$0\" && chmod 755 \"$0\"")
+        .arg(path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("running sh");
+    sh.stdin
+        .take()
+        .expect("sh's stdin")
+        .write_all(text.as_bytes())
+        .expect("writing to sh");
+    assert!(
+        sh.wait().is_ok_and(|s| s.success()),
+        "writing {}",
+        path.display()
+    );
+}
+
 static ATEXIT_DIR: OnceLock<PathBuf> = OnceLock::new();
 
 extern "C" fn stop_at_exit() {

@@ -24,7 +24,7 @@ const VOLUME: &str = "v1/127.0.0.1:6789/kube/pvc-1";
 /// A node service whose krbd mapper sees the fake kernel under `root`.
 fn node(root: &Path) -> NodeService {
     let script = root.join("fake-rbd");
-    common::write_executable(
+    micro_ceph::write_executable(
         &script,
         &format!(
             r#"#!/bin/sh

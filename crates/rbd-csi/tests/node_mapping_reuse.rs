@@ -73,7 +73,7 @@ async fn a_wrong_key_does_not_get_the_device_of_an_image_mapped_already() {
 /// `<root>/fsid/<monitors with : . , as _>` holds it.
 fn krbd_node(root: &Path) -> NodeService {
     let script = root.join("fake-rbd");
-    common::write_executable(
+    micro_ceph::write_executable(
         &script,
         &format!(
             r#"#!/bin/sh

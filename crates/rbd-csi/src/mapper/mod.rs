@@ -389,25 +389,9 @@ pub(crate) fn parse_device_output(
 /// Stand-in helper programs for the mapper tests.
 #[cfg(test)]
 pub(crate) mod fake {
-    use std::io::Write;
     use std::path::Path;
-    use std::process::{Command, Stdio};
 
-    /// Writes executable `path` with `text` through a child process (`sh`), so that this process
-    /// never holds the file open for writing. A file this process wrote itself can fail to run
-    /// with ETXTBSY ("Text file busy"): a child another test thread forks meanwhile inherits the
-    /// write descriptor and keeps it until its own exec.
-    pub(crate) fn write_executable(path: &Path, text: &str) {
-        let mut sh = Command::new("sh")
-            .arg("-c")
-            .arg("cat > \"$0\" && chmod 755 \"$0\"")
-            .arg(path)
-            .stdin(Stdio::piped())
-            .spawn()
-            .unwrap();
-        sh.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-        assert!(sh.wait().unwrap().success(), "writing {}", path.display());
-    }
+    pub(crate) use micro_ceph::write_executable;
 
     /// An executable `<dir>/<name>` that runs `body` (sh), after logging `$1 $2` to `<dir>/calls`
     /// unless `$1` is in `unlogged`.

@@ -151,22 +151,6 @@ pub async fn connect(path: &Path) -> Channel {
         .unwrap()
 }
 
-/// Writes executable `path` with `text` through a child process (`sh`), so that the test process
-/// never holds the file open for writing: one it wrote itself can fail to run with ETXTBSY
-/// ("Text file busy") while a child another test thread forked still has the write descriptor.
-pub fn write_executable(path: &Path, text: &str) {
-    use std::io::Write;
-    let mut sh = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("cat > \"$0\" && chmod 755 \"$0\"")
-        .arg(path)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    sh.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    assert!(sh.wait().unwrap().success(), "writing {}", path.display());
-}
-
 pub fn mount_cap(fs_type: &str) -> csi::VolumeCapability {
     use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
     csi::VolumeCapability {
