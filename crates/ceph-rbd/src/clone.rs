@@ -4,8 +4,10 @@
 //! its own config proxy of about 2000 options) and a read of the header with the whole snapshot
 //! table, so a source with many snapshots costs more per open. A snapshot or restore done as
 //! separate calls opened the parent and the new image about ten times; [`Cluster::clone_recorded`]
-//! does the same work with at most one open of each (plus those librbd's clone itself makes),
-//! in one call on the blocking pool. The new image's record is written through its header's
+//! does the same work with at most one open of the parent (to take a temporary snapshot of it)
+//! and none of the new image, in one call on the blocking pool: the clone itself is made with
+//! RADOS calls where both images are plain ([`crate::plain_clone`]; otherwise librbd's clone
+//! opens both). The new image's record is written through its header's
 //! object class rather than librbd's metadata calls, each of which notifies the image's
 //! watchers and makes the next call on the open image refresh it, and the new image's snapshot
 //! (if any) is taken without opening it ([`crate::first_snapshot`]) unless somebody watches it.
@@ -15,6 +17,7 @@ use std::collections::BTreeMap;
 use crate::cluster::check_image_name;
 use crate::first_snapshot::{self, Taken};
 use crate::header;
+use crate::plain_clone;
 use crate::{Cluster, CreateOptions, Error, ParentSpec, SnapInfo};
 
 /// What is read from an image with one open.
@@ -120,20 +123,24 @@ impl Cluster {
         };
         let image_turn = self.claim_image(op, &job.pool, &job.image).await?;
         let target = format!("{}/{}@{}", job.parent_pool, job.parent, job.snap);
+        let lock_secs = crate::create::creator_lock_secs(self.op_timeout());
         self.run(op, target, move |rados| {
             let _image_turn = image_turn;
             let parent_io = rados.ioctx(&job.parent_pool)?;
             let io = rados.ioctx(&job.pool)?;
+            let parent_target = format!("{}/{}", job.parent_pool, job.parent);
+            let target = format!("{}/{}", job.pool, job.image);
             let parent = if job.temporary {
                 Some(parent_io.open(&job.parent, false)?)
             } else {
                 None
             };
-            let facts = match &parent {
+            let (facts, parent_id) = match &parent {
                 Some(img) => {
                     // read before the snapshot: after it, the handle would refresh first
+                    let info = img.info()?;
                     let facts = ImageFacts {
-                        size: img.info()?.size,
+                        size: info.size,
                         parent: img.parent()?,
                         metadata: img.metadata_list()?,
                         snaps: Vec::new(),
@@ -143,20 +150,57 @@ impl Cluster {
                         Err(e) if e.is_already_exists() => {}
                         Err(e) => return Err(e),
                     }
-                    Some(facts)
+                    (Some(facts), info.id)
                 }
-                None => None,
+                None => (
+                    None,
+                    header::image_id(&parent_io, op, &parent_target, &job.parent)?,
+                ),
             };
-            parent_io.clone_image(&job.parent, &job.snap, &io, &job.image, &job.options)?;
+            // The parent snapshot from the header (newest first: a few calls), then the clone
+            // with RADOS calls where it is plain, else librbd's (which opens both images).
+            let parent_snap =
+                plain_clone::parent_snap(&parent_io, op, &parent_target, &parent_id, &job.snap)?;
+            let cloned = match &parent_snap {
+                Some(snap) => plain_clone::clone(
+                    &parent_io,
+                    snap,
+                    &io,
+                    &target,
+                    &job.image,
+                    &job.options,
+                    lock_secs,
+                )?,
+                None => plain_clone::Cloned::LeftToLibrbd("the snapshot was not found"),
+            };
+            let raw_snap = match (&cloned, &parent_snap) {
+                (plain_clone::Cloned::Created(_), Some(snap)) => Some(snap.snap_id),
+                (plain_clone::Cloned::LeftToLibrbd(why), _) => {
+                    tracing::debug!(image = %target, why, "cloning through librbd");
+                    parent_io.clone_image(&job.parent, &job.snap, &io, &job.image, &job.options)?;
+                    None
+                }
+                (plain_clone::Cloned::Created(_), None) => None,
+            };
             // The parent's part ends here: its temporary snapshot goes (to its snapshot trash
             // while the clone depends on it), the handle closes (its exclusive lock with it),
             // and the next operation on the parent may start while this one completes the new
-            // image.
+            // image. After a clone without librbd, the snapshot is trashed the same way: the
+            // handle would refresh first (a read of every snapshot the parent has).
             if let Some(parent) = parent {
-                match parent.snap_remove(&job.snap) {
-                    Ok(()) => {}
-                    Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(e),
+                match raw_snap {
+                    Some(snap_id) => plain_clone::trash_snapshot(
+                        &parent_io,
+                        op,
+                        &parent_target,
+                        &parent_id,
+                        snap_id,
+                    )?,
+                    None => match parent.snap_remove(&job.snap) {
+                        Ok(()) => {}
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => return Err(e),
+                    },
                 }
                 drop(parent);
             }
@@ -165,7 +209,6 @@ impl Cluster {
             // The record and the size through the header's object class, not an open: librbd
             // would notify and refresh (a new configuration copy) after every key. The new
             // image is opened only to grow it (or to take its snapshot when it is watched).
-            let target = format!("{}/{}", job.pool, job.image);
             let id = header::image_id(&io, op, &target, &job.image)?;
             if !plan.metadata.is_empty() {
                 header::set_metadata(&io, op, &target, &id, &plan.metadata)?;

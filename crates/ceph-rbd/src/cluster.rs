@@ -516,7 +516,7 @@ impl Cluster {
         self.with_pool(op, pool, target.clone(), move |io| {
             let _guard = guard;
             match crate::create::create_plain(io, op, &target, &name, size, &opts, lock_secs)? {
-                crate::create::Plain::Created => Ok(()),
+                crate::create::Plain::Created(_) => Ok(()),
                 crate::create::Plain::No(why) => {
                     tracing::debug!(image = %target, why, "creating through librbd");
                     io.create_image(&name, size, &opts)

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::CreateOptions;
 use crate::denc::{Reader, malformed, put_bytes};
 use crate::error::Error;
+use crate::features::Features;
 use crate::header::{NOSNAP, object_map_name};
 use crate::raw::{IoCtx, WriteStep};
 
@@ -81,7 +82,8 @@ const DEFAULTS_PREFIX: &str = "conf_rbd_default_";
 /// What [`create_plain`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Plain {
-    Created,
+    /// The image exists now, with this ID.
+    Created(String),
     /// Nothing was written: librbd has to create this image.
     No(&'static str),
 }
@@ -98,6 +100,12 @@ fn plain_order(opts: &CreateOptions, default_order: u8) -> Result<(u8, u64), &'s
     if features.bits() & !PLAIN_FEATURES != 0 {
         return Err("features beyond the plain ones");
     }
+    // librbd's create gives object-map its fast-diff, asked for or not
+    let features = if features.contains(Features::OBJECT_MAP) {
+        features | Features::FAST_DIFF
+    } else {
+        features
+    };
     if opts.data_pool.is_some() {
         return Err("a data pool");
     }
@@ -290,7 +298,7 @@ pub(crate) fn create_plain(
         }
     }
     CREATED_PLAIN.fetch_add(1, Ordering::Relaxed);
-    Ok(Plain::Created)
+    Ok(Plain::Created(id))
 }
 
 #[cfg(test)]
@@ -342,6 +350,11 @@ mod tests {
         assert_eq!(plain_order(&with("layering"), 22), Ok((22, 1)));
         let full = with("layering,exclusive-lock,object-map,fast-diff,deep-flatten");
         assert_eq!(plain_order(&full, 22), Ok((22, 61)));
+        // object-map comes with fast-diff, as librbd creates it
+        assert_eq!(
+            plain_order(&with("layering,exclusive-lock,object-map"), 22),
+            Ok((22, 29))
+        );
         let small = CreateOptions {
             object_size: Some(1 << 20),
             stripe_unit: Some(1 << 20),

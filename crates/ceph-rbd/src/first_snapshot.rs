@@ -36,7 +36,7 @@ pub(crate) enum Taken {
 }
 
 /// Features whose snapshot is the steps above; anything else goes to librbd.
-const HANDLED: Features = Features::from_bits(
+pub(crate) const HANDLED: Features = Features::from_bits(
     Features::LAYERING.bits()
         | Features::STRIPINGV2.bits()
         | Features::EXCLUSIVE_LOCK.bits()
@@ -49,7 +49,7 @@ const HANDLED: Features = Features::from_bits(
 
 /// How long the header-update notifications wait for a watcher's answer (librbd's default
 /// notification timeout).
-const NOTIFY_TIMEOUT_MS: u64 = 5000;
+pub(crate) const NOTIFY_TIMEOUT_MS: u64 = 5000;
 
 /// `snapshot_add`'s input: name, ID, and the user snapshot namespace (a versioned
 /// `SnapshotNamespace`: version 1, compatible 1, length 4, namespace type 0 = user).
@@ -76,18 +76,7 @@ pub(crate) fn take(
     snap: &str,
 ) -> Result<Taken, Error> {
     let header = format!("rbd_header.{id}");
-    let features = io.exec(
-        op,
-        target,
-        &header,
-        "rbd",
-        "get_features",
-        &NOSNAP.to_le_bytes(),
-    )?;
-    let features = crate::denc::Reader(&features)
-        .u64()
-        .map(Features::from_bits)
-        .ok_or_else(|| crate::denc::malformed(op, target, "get_features"))?;
+    let features = crate::header::features(io, op, target, id)?;
     if features.bits() & !HANDLED.bits() != 0 {
         return Ok(Taken::LeftToLibrbd);
     }

@@ -82,6 +82,27 @@ pub(crate) fn size(
         .ok_or_else(|| malformed(op, target, "get_size"))
 }
 
+/// The feature bits of the image whose ID is `id` (`get_features` of its head).
+pub(crate) fn features(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    id: &str,
+) -> Result<crate::features::Features, Error> {
+    let out = io.exec(
+        op,
+        target,
+        &format!("rbd_header.{id}"),
+        "rbd",
+        "get_features",
+        &NOSNAP.to_le_bytes(),
+    )?;
+    Reader(&out)
+        .u64()
+        .map(crate::features::Features::from_bits)
+        .ok_or_else(|| malformed(op, target, "get_features"))
+}
+
 /// User snapshot `snap` of the image whose ID is `id`, read from its header (`get_snapcontext`,
 /// then per snapshot `get_snapshot_name`; for the one named, `get_size`,
 /// `get_protection_status` and `get_snapshot_timestamp`); `None` when it has none of that name.

@@ -21,9 +21,10 @@
 //! * Every `pool` argument is `pool` or `pool/namespace` (a RADOS namespace): see [`namespace`].
 //! * Plain format-2 images are created and removed with RADOS calls, the objects librbd itself
 //!   writes and removes, without a librbd image context (most of the CPU an image costs); so is
-//!   the snapshot [`Cluster::clone_recorded`] takes of the image it has just cloned, unless
-//!   somebody has it open; every other image, and every other operation, goes through librbd
-//!   ([`created_without_librbd`], [`removed_without_librbd`] count the former).
+//!   the clone [`Cluster::clone_recorded`] makes of a snapshot of a plain image, and the
+//!   snapshot it takes of the image it has just cloned, unless somebody has it open; every other
+//!   image, and every other operation, goes through librbd ([`created_without_librbd`],
+//!   [`cloned_without_librbd`], [`removed_without_librbd`] count the former).
 //! * All `unsafe` code lives in the private `raw` module.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -40,6 +41,7 @@ mod header;
 pub mod key;
 mod lifecycle;
 pub mod namespace;
+mod plain_clone;
 mod pool;
 mod probe;
 mod raw;
@@ -56,5 +58,6 @@ pub use error::Error;
 pub use features::Features;
 pub use lifecycle::{ShutdownReport, busy_calls, shutdown};
 pub use namespace::{pool_spec, split_pool_spec};
+pub use plain_clone::cloned_without_librbd;
 pub use pool::{ConnectionPool, PoolOptions};
 pub use remove::removed_without_librbd;

@@ -464,6 +464,11 @@ impl IoCtx<'_> {
         )
     }
 
+    /// The RBD namespace this context works in (empty: the pool's default one).
+    pub(crate) fn namespace(&self) -> &str {
+        crate::namespace::split_pool_spec(&self.pool).map_or("", |(_, namespace)| namespace)
+    }
+
     /// The pool's ID.
     pub(crate) fn pool_id(&self) -> i64 {
         // SAFETY: valid ioctx.

@@ -1,13 +1,15 @@
-//! Creating and removing images without librbd (the `create` and `remove` modules): a plain
-//! image is created with RADOS calls exactly as librbd would create it (librbd then opens,
-//! writes, checks and removes it), and a plain, unwatched image is removed leaving no object
-//! behind; anything else is left to librbd, which does it as before. Against a real micro-ceph
+//! Creating, cloning and removing images without librbd (the `create`, `plain_clone` and
+//! `remove` modules): a plain image is created, and a snapshot of one cloned, with RADOS calls
+//! exactly as librbd would (librbd then opens, writes, checks, flattens and removes them), and a
+//! plain, unwatched image is removed leaving no object behind; anything else is left to librbd,
+//! which does it as before. Against a real micro-ceph
 //! cluster; objects are listed with the `rados` CLI, images inspected with the `rbd` CLI.
 
 mod common;
 
 use ceph_rbd::{
-    CreateOptions, Error, Features, created_without_librbd, pool_spec, removed_without_librbd,
+    CloneJob, CloneRecord, CreateOptions, Error, Features, cloned_without_librbd,
+    created_without_librbd, pool_spec, removed_without_librbd,
 };
 use common::*;
 
@@ -101,7 +103,7 @@ async fn plain_images_are_removed_without_librbd_and_leave_no_object() {
     let ns = unique("plain-ns");
     cluster.namespace_create(&pool_name(), &ns).await.unwrap();
     for spec in [pool_name(), pool_spec(&pool_name(), &ns)] {
-        for features in ["layering", PLAIN_FULL] {
+        for features in ["layering", "layering,exclusive-lock,object-map", PLAIN_FULL] {
             let name = unique("plain");
             create(&spec, &name, 64 * MIB, &with_features(features)).await;
             scatter_writes(&spec, &name);
@@ -256,13 +258,10 @@ async fn assert_same_identity(cluster: &ceph_rbd::Cluster, spec: &str, name: &st
         .unwrap();
 }
 
-#[tokio::test]
-async fn plain_images_are_created_without_librbd_as_librbd_creates_them() {
-    let _turn = COUNTER.lock().await;
-    let cluster = connect().await;
-    // librbd validates a pool ("overwrite validated" in rbd_info) when it first creates an image
-    // there; until then images are created through librbd. Make sure that happened, whichever
-    // test of this binary runs first.
+/// librbd validates a pool ("overwrite validated" in rbd_info) when it first creates an image
+/// there; until then images are created through librbd. Makes sure that happened, whichever
+/// test of this binary runs first.
+fn validate_pool() {
     let validate = unique("validate");
     micro_ceph::cluster()
         .rbd(&[
@@ -279,6 +278,13 @@ async fn plain_images_are_created_without_librbd_as_librbd_creates_them() {
             &format!("{}/{validate}", pool_name()),
         ])
         .unwrap();
+}
+
+#[tokio::test]
+async fn plain_images_are_created_without_librbd_as_librbd_creates_them() {
+    let _turn = COUNTER.lock().await;
+    let cluster = connect().await;
+    validate_pool();
     let ns = unique("create-ns");
     cluster.namespace_create(&pool_name(), &ns).await.unwrap();
     let owner = vec![
@@ -289,7 +295,7 @@ async fn plain_images_are_created_without_librbd_as_librbd_creates_them() {
         ),
     ];
     for spec in [pool_name(), pool_spec(&pool_name(), &ns)] {
-        for features in ["layering", PLAIN_FULL] {
+        for features in ["layering", "layering,exclusive-lock,object-map", PLAIN_FULL] {
             let (ours, theirs) = (unique("ours"), unique("theirs"));
             let before = created_without_librbd();
             create(&spec, &ours, 100 * MIB, &with_features(features)).await;
@@ -434,4 +440,307 @@ async fn a_create_cut_after_its_directory_entry_is_cleared_by_remove() {
     assert_eq!(listed.iter().filter(|n| **n == name).count(), 1);
     cluster.remove_image(&spec, &name).await.unwrap();
     assert_eq!(objects(&spec, &name), Vec::<String>::new());
+}
+
+fn clone_job(parent: (&str, &str, &str), temporary: bool, child: (&str, &str)) -> CloneJob {
+    CloneJob {
+        parent_pool: parent.0.to_string(),
+        parent: parent.1.to_string(),
+        snap: parent.2.to_string(),
+        temporary,
+        pool: child.0.to_string(),
+        image: child.1.to_string(),
+        options: with_features(PLAIN_FULL),
+        snapshot: None,
+    }
+}
+
+/// `rbd export` of `what` (an image or `image@snap`), as bytes.
+fn export(what: &str) -> Vec<u8> {
+    let file = std::env::temp_dir().join(unique("export"));
+    let path = file.to_str().unwrap();
+    micro_ceph::cluster()
+        .rbd(&["export", "--no-progress", what, path])
+        .unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    bytes
+}
+
+/// `rbd snap ls --all` of `spec/name`: (name, namespace type) of every snapshot.
+fn all_snapshots(spec: &str, name: &str) -> Vec<(String, String)> {
+    let out = micro_ceph::cluster()
+        .rbd(&[
+            "snap",
+            "ls",
+            "--all",
+            "--format",
+            "json",
+            &format!("{spec}/{name}"),
+        ])
+        .unwrap();
+    let snaps: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    snaps
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["namespace"]["type"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn clones_of_plain_images_are_made_without_librbd_as_librbd_makes_them() {
+    let _turn = COUNTER.lock().await;
+    let cluster = connect().await;
+    validate_pool();
+    let pool = pool_name();
+    let ns = unique("clone-ns");
+    cluster.namespace_create(&pool, &ns).await.unwrap();
+    let parent = unique("parent");
+    micro_ceph::cluster()
+        .rbd(&[
+            "create",
+            "--size",
+            "16M",
+            "--image-feature",
+            PLAIN_FULL,
+            &format!("{pool}/{parent}"),
+        ])
+        .unwrap();
+    scatter_writes(&pool, &parent);
+    micro_ceph::cluster()
+        .rbd(&[
+            "image-meta",
+            "set",
+            &format!("{pool}/{parent}"),
+            "from-parent",
+            "p",
+        ])
+        .unwrap();
+    cluster.snap_create(&pool, &parent, "base").await.unwrap();
+    // writes after the snapshot are not the clones'
+    scatter_writes(&pool, &parent);
+    let at_base = export(&format!("{pool}/{parent}@base"));
+
+    // in the parent's namespace and in another one (clone v2 crosses namespaces)
+    for spec in [pool.clone(), pool_spec(&pool, &ns)] {
+        let (ours, theirs) = (unique("ours"), unique("theirs"));
+        let before = cloned_without_librbd();
+        let made = cluster
+            .clone_recorded(
+                clone_job((&pool, &parent, "base"), false, (&spec, &ours)),
+                |_| CloneRecord {
+                    metadata: vec![("record".into(), "r".into())],
+                    size: None,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(cloned_without_librbd(), before + 1, "{spec}");
+        assert_eq!(made.size, 16 * MIB);
+        micro_ceph::cluster()
+            .rbd(&[
+                "clone",
+                "--rbd-default-clone-format",
+                "2",
+                "--image-feature",
+                PLAIN_FULL,
+                &format!("{pool}/{parent}@base"),
+                &format!("{spec}/{theirs}"),
+            ])
+            .unwrap();
+        // the same image as librbd's clone: features, operation features (clone child), size,
+        // object size, parent (pool, namespace, image, snapshot, overlap), flags
+        let shape = info_shape(&spec, &ours);
+        assert_eq!(shape, info_shape(&spec, &theirs), "{spec}");
+        assert_eq!(shape["parent"]["snapshot"], serde_json::json!("base"));
+        assert_same_identity(&cluster, &spec, &ours).await;
+        // the parent's metadata copied, then the record
+        let meta = cluster.metadata_list_unopened(&spec, &ours).await.unwrap();
+        assert_eq!(meta.get("from-parent").map(String::as_str), Some("p"));
+        assert_eq!(meta.get("record").map(String::as_str), Some("r"));
+        // the parent's snapshot counts it as a child
+        let children = micro_ceph::cluster()
+            .rbd(&[
+                "children",
+                "--format",
+                "json",
+                &format!("{pool}/{parent}@base"),
+            ])
+            .unwrap();
+        let children: Vec<serde_json::Value> = serde_json::from_str(&children).unwrap();
+        let listed: Vec<&str> = children
+            .iter()
+            .map(|c| c["image"].as_str().unwrap())
+            .collect();
+        assert!(
+            listed.contains(&ours.as_str()) && listed.contains(&theirs.as_str()),
+            "{children:?}"
+        );
+        // it reads the snapshot's data; librbd writes to it, keeps its object map and flattens it
+        assert_eq!(export(&format!("{spec}/{ours}")), at_base);
+        micro_ceph::cluster()
+            .rbd(&["object-map", "check", &format!("{spec}/{ours}")])
+            .unwrap();
+        scatter_writes(&spec, &ours);
+        micro_ceph::cluster()
+            .rbd(&["object-map", "check", &format!("{spec}/{ours}")])
+            .unwrap();
+        micro_ceph::cluster()
+            .rbd(&["flatten", "--no-progress", &format!("{spec}/{ours}")])
+            .unwrap();
+        assert!(cluster.parent(&spec, &ours).await.unwrap().is_none());
+        assert_eq!(info_shape(&spec, &ours)["flags"], serde_json::json!([]));
+        let id = cluster.image_info(&spec, &ours).await.unwrap().id;
+        cluster.remove_image(&spec, &ours).await.unwrap();
+        assert_eq!(objects(&spec, &id), Vec::<String>::new(), "left behind");
+        cluster.remove_image(&spec, &theirs).await.unwrap();
+    }
+    // no clone left: the snapshot goes like any other
+    cluster.snap_remove(&pool, &parent, "base").await.unwrap();
+    assert_eq!(all_snapshots(&pool, &parent), Vec::new());
+
+    cluster.remove_image(&pool, &parent).await.unwrap();
+
+    // told no features, the clone has the parent's, as librbd's has
+    for features in [PLAIN_FULL, "layering,exclusive-lock,object-map", "layering"] {
+        let source = unique("inherit");
+        micro_ceph::cluster()
+            .rbd(&[
+                "create",
+                "--size",
+                "4M",
+                "--image-feature",
+                features,
+                &format!("{pool}/{source}"),
+            ])
+            .unwrap();
+        cluster.snap_create(&pool, &source, "s").await.unwrap();
+        let (ours, theirs) = (unique("ours"), unique("theirs"));
+        let mut job = clone_job((&pool, &source, "s"), false, (&pool, &ours));
+        job.options = CreateOptions::default();
+        let before = cloned_without_librbd();
+        cluster
+            .clone_recorded(job, |_| CloneRecord::default())
+            .await
+            .unwrap();
+        assert_eq!(cloned_without_librbd(), before + 1, "{features}");
+        micro_ceph::cluster()
+            .rbd(&[
+                "clone",
+                "--rbd-default-clone-format",
+                "2",
+                &format!("{pool}/{source}@s"),
+                &format!("{pool}/{theirs}"),
+            ])
+            .unwrap();
+        assert_eq!(
+            info_shape(&pool, &ours),
+            info_shape(&pool, &theirs),
+            "{features}"
+        );
+        for image in [ours, theirs] {
+            cluster.remove_image(&pool, &image).await.unwrap();
+        }
+        cluster.snap_remove(&pool, &source, "s").await.unwrap();
+        cluster.remove_image(&pool, &source).await.unwrap();
+    }
+
+    // a parent with journaling is librbd's to clone
+    let journaled = unique("journaled");
+    micro_ceph::cluster()
+        .rbd(&[
+            "create",
+            "--size",
+            "4M",
+            "--image-feature",
+            "layering,exclusive-lock,journaling",
+            &format!("{pool}/{journaled}"),
+        ])
+        .unwrap();
+    cluster.snap_create(&pool, &journaled, "s").await.unwrap();
+    let before = cloned_without_librbd();
+    let by_librbd = unique("by-librbd");
+    cluster
+        .clone_recorded(
+            clone_job((&pool, &journaled, "s"), false, (&pool, &by_librbd)),
+            |_| CloneRecord::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(cloned_without_librbd(), before);
+    assert!(cluster.parent(&pool, &by_librbd).await.unwrap().is_some());
+    cluster.remove_image(&pool, &by_librbd).await.unwrap();
+    cluster.snap_remove(&pool, &journaled, "s").await.unwrap();
+    cluster.remove_image(&pool, &journaled).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_temporary_snapshot_is_trashed_after_a_clone_without_librbd_and_goes_with_it() {
+    let _turn = COUNTER.lock().await;
+    let cluster = connect().await;
+    validate_pool();
+    let pool = pool_name();
+    let source = unique("source");
+    create(&pool, &source, 8 * MIB, &with_features(PLAIN_FULL)).await;
+    scatter_writes(&pool, &source);
+    // a node has it mapped: the temporary snapshot goes through librbd (which asks the holder),
+    // and the holder is told when it goes to the trash
+    let holder = micro_ceph::ImageHolder::open(micro_ceph::cluster(), &pool, &source).unwrap();
+    let mut snapshots = Vec::new();
+    for _ in 0..3 {
+        let image = unique("snapimg");
+        let mut job = clone_job(
+            (&pool, &source, &format!("tmp-{image}")),
+            true,
+            (&pool, &image),
+        );
+        job.snapshot = Some(image.clone());
+        let before = cloned_without_librbd();
+        let made = cluster
+            .clone_recorded(job, |facts| {
+                assert_eq!(facts.map(|f| f.size), Some(8 * MIB));
+                CloneRecord::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(cloned_without_librbd(), before + 1);
+        assert_eq!(
+            made.snapshot.as_ref().map(|s| s.name.as_str()),
+            Some(image.as_str())
+        );
+        assert_eq!(
+            export(&format!("{pool}/{image}@{image}")),
+            export(&format!("{pool}/{source}"))
+        );
+        snapshots.push(image);
+    }
+    // no user snapshot is left on the source, one trashed snapshot per clone
+    let all = all_snapshots(&pool, &source);
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert!(all.iter().all(|(_, ns)| ns == "trash"), "{all:?}");
+    assert!(cluster.snap_list(&pool, &source).await.unwrap().is_empty());
+    let info = micro_ceph::cluster()
+        .rbd(&[
+            "info",
+            "--format",
+            "json",
+            &format!("{pool}/{}", snapshots[0]),
+        ])
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    // its parent is the trashed snapshot (renamed by the trash), not a user snapshot
+    let parent_snap = info["parent"]["snapshot"].as_str().unwrap();
+    assert!(all.iter().any(|(name, _)| name == parent_snap), "{info}");
+    drop(holder);
+    // each trashed snapshot goes with its clone
+    for (gone, image) in snapshots.iter().enumerate() {
+        cluster.snap_remove(&pool, image, image).await.unwrap();
+        cluster.remove_image(&pool, image).await.unwrap();
+        assert_eq!(all_snapshots(&pool, &source).len(), 2 - gone);
+    }
+    cluster.remove_image(&pool, &source).await.unwrap();
 }
