@@ -6,9 +6,11 @@
 //! snapshot); the N restores deleted, then the N snapshots; then N CreateSnapshot of one source
 //! again, 8 at a time, as a Kubernetes client would send them (an ABORTED answer is retried
 //! after 100 ms and counted), and their deletion. Per operation it records the CPU time the
-//! driver process used (utime + stime of it and its waited-for children, `/proc/PID/stat`) and
-//! the Ceph daemons used (the micro-ceph's mon, OSD and mgr, from their pid files): CPU time,
-//! not wall time, because the machine it runs on is shared.
+//! driver process used and the Ceph daemons used (the micro-ceph's mon, OSD and mgr, from their
+//! pid files): CPU time, not wall time, because the machine it runs on is shared. Each process's
+//! time is the sum of its threads' run time in nanoseconds (`/proc/PID/task/TID/schedstat`);
+//! when a thread ended or a child was waited for during the operation, utime + stime of it and
+//! its waited-for children (`/proc/PID/stat`, in 10 ms steps).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -212,42 +214,122 @@ fn strings(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         .collect()
 }
 
-/// CPU seconds of a process and its waited-for children (utime + stime + cutime + cstime).
-fn process_cpu(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .context("malformed /proc/PID/stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let mut ticks = 0u64;
-    // utime, stime, cutime, cstime: fields 14-17 (1-based), indices 11-14 after the state
-    for i in 11..=14 {
-        ticks += fields
-            .get(i)
-            .context("short /proc/PID/stat")?
-            .parse::<u64>()
-            .context("parsing /proc/PID/stat")?;
-    }
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let hz = if hz > 0 { hz as f64 } else { 100.0 };
-    Ok(ticks as f64 / hz)
+/// A process's CPU use at one instant: clock ticks of it and of its waited-for children
+/// (`/proc/PID/stat`, in steps of 10 ms), and each live thread's run time in nanoseconds
+/// (`/proc/PID/task/TID/schedstat`, first field).
+#[derive(Debug, Clone, Default)]
+struct CpuSample {
+    own_s: f64,
+    children_s: f64,
+    threads: HashMap<u32, u64>,
 }
 
-/// CPU seconds of the micro-ceph daemons (every pid file in its `run` directory).
-fn ceph_cpu(ceph: &micro_ceph::MicroCeph) -> f64 {
+impl CpuSample {
+    fn of(pid: u32) -> anyhow::Result<CpuSample> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("reading /proc/{pid}/stat"))?;
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .context("malformed /proc/PID/stat")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // utime, stime, cutime, cstime: fields 14-17 (1-based), indices 11-14 after the state
+        let mut ticks = [0u64; 4];
+        for (k, tick) in ticks.iter_mut().enumerate() {
+            *tick = fields
+                .get(11 + k)
+                .context("short /proc/PID/stat")?
+                .parse::<u64>()
+                .context("parsing /proc/PID/stat")?;
+        }
+        // SAFETY: sysconf has no memory effects.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let hz = if hz > 0 { hz as f64 } else { 100.0 };
+        let mut threads = HashMap::new();
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for task in tasks.flatten() {
+                let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                    continue;
+                };
+                let ran = std::fs::read_to_string(task.path().join("schedstat"))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+                if let Some(ns) = ran {
+                    threads.insert(tid, ns);
+                }
+            }
+        }
+        Ok(CpuSample {
+            own_s: (ticks[0] + ticks[1]) as f64 / hz,
+            children_s: (ticks[2] + ticks[3]) as f64 / hz,
+            threads,
+        })
+    }
+
+    /// CPU seconds used from `self` to `later`: the threads' run time (nanoseconds) when every
+    /// thread of `self` still runs and no child was waited for in between, else the ticks.
+    fn until(&self, later: &CpuSample) -> f64 {
+        let children = later.children_s - self.children_s;
+        let kept = !self.threads.is_empty()
+            && self
+                .threads
+                .keys()
+                .all(|tid| later.threads.contains_key(tid));
+        if kept && children == 0.0 {
+            let ns: u64 = later
+                .threads
+                .iter()
+                .map(|(tid, ns)| ns.saturating_sub(self.threads.get(tid).copied().unwrap_or(0)))
+                .sum();
+            ns as f64 / 1e9
+        } else {
+            later.own_s - self.own_s + children
+        }
+    }
+}
+
+/// The micro-ceph daemons (every pid file in its `run` directory).
+fn ceph_pids(ceph: &micro_ceph::MicroCeph) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir(ceph.dir.join("run")) else {
-        return 0.0;
+        return Vec::new();
     };
     entries
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == "pid"))
         .filter_map(|e| std::fs::read_to_string(e.path()).ok())
         .filter_map(|p| p.trim().parse::<u32>().ok())
-        .filter_map(|pid| process_cpu(pid).ok())
-        .sum()
+        .collect()
+}
+
+/// The driver's and the Ceph daemons' CPU samples at one instant.
+struct Samples {
+    driver: CpuSample,
+    ceph: Vec<(u32, CpuSample)>,
+}
+
+impl Samples {
+    fn take(driver: &Driver, ceph: &micro_ceph::MicroCeph) -> anyhow::Result<Samples> {
+        Ok(Samples {
+            driver: CpuSample::of(driver.proc.pid())?,
+            ceph: ceph_pids(ceph)
+                .into_iter()
+                .filter_map(|pid| Some((pid, CpuSample::of(pid).ok()?)))
+                .collect(),
+        })
+    }
+
+    /// Driver and Ceph CPU seconds from `self` to `later`.
+    fn until(&self, later: &Samples) -> (f64, f64) {
+        let ceph = self
+            .ceph
+            .iter()
+            .filter_map(|(pid, a)| {
+                let (_, b) = later.ceph.iter().find(|(p, _)| p == pid)?;
+                Some(a.until(b))
+            })
+            .sum();
+        (self.driver.until(&later.driver), ceph)
+    }
 }
 
 /// Driver and Ceph CPU of each operation of one kind, in order, milliseconds.
@@ -306,12 +388,11 @@ async fn measured<T, F>(
 where
     F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    let pid = driver.proc.pid();
-    let (d0, c0) = (process_cpu(pid)?, ceph_cpu(ceph));
+    let before = Samples::take(driver, ceph)?;
     let answer = op.await;
-    let (d1, c1) = (process_cpu(pid)?, ceph_cpu(ceph));
-    costs.driver_ms.push((d1 - d0) * 1000.0);
-    costs.ceph_ms.push((c1 - c0) * 1000.0);
+    let (driver_s, ceph_s) = before.until(&Samples::take(driver, ceph)?);
+    costs.driver_ms.push(driver_s * 1000.0);
+    costs.ceph_ms.push(ceph_s * 1000.0);
     Ok(answer
         .map_err(|s| anyhow::anyhow!("{}: {:?}: {}", driver.label, s.code(), s.message()))?
         .into_inner())
@@ -403,13 +484,14 @@ pub async fn run_driver(
         "{}: {n} CreateSnapshot of one source, {CONCURRENCY} at a time",
         driver.label
     );
-    let (d0, c0) = (process_cpu(driver.proc.pid())?, ceph_cpu(ceph));
+    let before = Samples::take(driver, ceph)?;
     let started = Instant::now();
     let (ids, aborted) = concurrent_snapshots(driver, &ctl, &source, n).await?;
     result.concurrent_s = started.elapsed().as_secs_f64();
     result.concurrent_aborted = aborted;
-    result.concurrent_driver_ms = (process_cpu(driver.proc.pid())? - d0) * 1000.0 / n as f64;
-    result.concurrent_ceph_ms = (ceph_cpu(ceph) - c0) * 1000.0 / n as f64;
+    let (driver_s, ceph_s) = before.until(&Samples::take(driver, ceph)?);
+    result.concurrent_driver_ms = driver_s * 1000.0 / n as f64;
+    result.concurrent_ceph_ms = ceph_s * 1000.0 / n as f64;
     for snapshot_id in ids {
         ctl.delete_snapshot(csi::DeleteSnapshotRequest {
             snapshot_id,
@@ -641,6 +723,36 @@ pub fn to_json(results: &[DriverResult], n: usize) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_is_the_threads_run_time_unless_a_thread_ended() {
+        let at = |own_s, threads: &[(u32, u64)]| CpuSample {
+            own_s,
+            children_s: 0.0,
+            threads: threads.iter().copied().collect(),
+        };
+        // same threads, one new: nanoseconds, the new thread's whole run time included
+        let a = at(1.0, &[(1, 1_000_000), (2, 5_000_000)]);
+        let b = at(1.0, &[(1, 4_000_000), (2, 5_500_000), (3, 250_000)]);
+        assert!((a.until(&b) - 0.00375).abs() < 1e-12, "{}", a.until(&b));
+        // thread 2 ended: its time since `a` is unknown, the ticks say it
+        let c = at(1.02, &[(1, 9_000_000)]);
+        assert!((a.until(&c) - 0.02).abs() < 1e-12, "{}", a.until(&c));
+        // a child was waited for: the ticks, with the child's
+        let mut d = b.clone();
+        d.children_s = 0.01;
+        assert!((a.until(&d) - 0.01).abs() < 1e-12, "{}", a.until(&d));
+
+        // this process, busy for a while: at least most of it is counted, to the nanosecond
+        let before = CpuSample::of(std::process::id()).unwrap();
+        let started = Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < Duration::from_millis(30) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let used = before.until(&CpuSample::of(std::process::id()).unwrap());
+        assert!(used > 0.005 && used < 5.0, "{used}");
+    }
 
     #[test]
     fn first_and_last_groups_and_the_flat_verdict() {
