@@ -150,17 +150,27 @@ impl Cluster {
                         Err(e) if e.is_already_exists() => {}
                         Err(e) => return Err(e),
                     }
-                    (Some(facts), info.id)
+                    (Some(facts), Some(info.id).filter(|id| !id.is_empty()))
                 }
-                None => (
-                    None,
-                    header::image_id(&parent_io, op, &parent_target, &job.parent)?,
-                ),
+                // a format-1 image has no ID object, a missing one neither: librbd says which
+                None => match header::image_id(&parent_io, op, &parent_target, &job.parent) {
+                    Ok(id) => (None, Some(id)),
+                    Err(e) if e.is_not_found() => (None, None),
+                    Err(e) => return Err(e),
+                },
             };
             // The parent snapshot from the header (newest first: a few calls), then the clone
             // with RADOS calls where it is plain, else librbd's (which opens both images).
-            let parent_snap =
-                plain_clone::parent_snap(&parent_io, op, &parent_target, &parent_id, &job.snap)?;
+            let parent_snap = match &parent_id {
+                Some(id) => {
+                    match plain_clone::parent_snap(&parent_io, op, &parent_target, id, &job.snap) {
+                        Ok(snap) => snap,
+                        Err(e) if e.is_not_found() => None,
+                        Err(e) => return Err(e),
+                    }
+                }
+                None => None,
+            };
             let cloned = match &parent_snap {
                 Some(snap) => plain_clone::clone(
                     &parent_io,
@@ -171,7 +181,7 @@ impl Cluster {
                     &job.options,
                     lock_secs,
                 )?,
-                None => plain_clone::Cloned::LeftToLibrbd("the snapshot was not found"),
+                None => plain_clone::Cloned::LeftToLibrbd("the parent snapshot was not read"),
             };
             let raw_snap = match (&cloned, &parent_snap) {
                 (plain_clone::Cloned::Created(_), Some(snap)) => Some(snap.snap_id),
@@ -188,12 +198,12 @@ impl Cluster {
             // image. After a clone without librbd, the snapshot is trashed the same way: the
             // handle would refresh first (a read of every snapshot the parent has).
             if let Some(parent) = parent {
-                match raw_snap {
-                    Some(snap_id) => plain_clone::trash_snapshot(
+                match raw_snap.zip(parent_id.as_deref()) {
+                    Some((snap_id, parent_id)) => plain_clone::trash_snapshot(
                         &parent_io,
                         op,
                         &parent_target,
-                        &parent_id,
+                        parent_id,
                         snap_id,
                     )?,
                     None => match parent.snap_remove(&job.snap) {
