@@ -219,7 +219,12 @@ impl Cluster {
             // The record and the size through the header's object class, not an open: librbd
             // would notify and refresh (a new configuration copy) after every key. The new
             // image is opened only to grow it (or to take its snapshot when it is watched).
-            let id = header::image_id(&io, op, &target, &job.image)?;
+            let id = match cloned {
+                plain_clone::Cloned::Created(id) => id,
+                plain_clone::Cloned::LeftToLibrbd(_) => {
+                    header::image_id(&io, op, &target, &job.image)?
+                }
+            };
             if !plan.metadata.is_empty() {
                 header::set_metadata(&io, op, &target, &id, &plan.metadata)?;
             }
