@@ -494,6 +494,56 @@ impl Cluster {
         }
     }
 
+    /// The turn of `pool/name`'s parent image, for an operation on `pool/name` that may make
+    /// librbd open its parent: removing or flattening a clone detaches it, and the last clone
+    /// of a trashed snapshot removes that snapshot through an open of the parent, with its
+    /// exclusive lock. Two such opens in this process (two clones of one source removed at
+    /// once: deleting many snapshots of one volume) contend for that lock, which librbd does not
+    /// survive ([`Cluster::claim_image`]). `None` when it has no parent, or one without a name
+    /// (in the RBD trash). Take it before the image's own turn: every caller takes a parent's
+    /// turn first.
+    pub(crate) async fn parent_turn(
+        &self,
+        op: &'static str,
+        pool: &str,
+        name: &str,
+    ) -> Result<Option<InFlight>, Error> {
+        let (pool_spec, name) = (pool.to_string(), name.to_string());
+        let target = format!("{pool}/{name}");
+        let parent = self
+            .run(op, target.clone(), move |rados| {
+                let io = rados.ioctx(&pool_spec)?;
+                let id = match crate::header::image_id(&io, op, &target, &name) {
+                    Ok(id) => id,
+                    Err(e) if e.is_not_found() => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                // no header: a partial image (a create killed midway) has no parent
+                let (pool_id, namespace, image_id) =
+                    match crate::header::parent(&io, op, &target, &id) {
+                        Ok(Some(parent)) => parent,
+                        Ok(None) => return Ok(None),
+                        Err(e) if e.is_not_found() => return Ok(None),
+                        Err(e) => return Err(e),
+                    };
+                let parent_pool =
+                    crate::namespace::pool_spec(&rados.pool_name(pool_id)?, &namespace);
+                let parent_io = rados.ioctx(&parent_pool)?;
+                match crate::header::image_name(&parent_io, op, &target, &image_id) {
+                    Ok(parent) => Ok(Some((parent_pool, parent))),
+                    Err(e) if e.is_not_found() => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        match parent {
+            Some((parent_pool, parent)) => {
+                Ok(Some(self.claim_image(op, &parent_pool, &parent).await?))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// Creates an image of `size` bytes. A plain image (see `create`: format 2, plain features,
     /// no data pool or striping, in a validated pool without mirroring or `rbd_default_*`
     /// overrides) is created with RADOS calls, any other by librbd.
@@ -622,11 +672,12 @@ impl Cluster {
         check: impl FnOnce(&BTreeMap<String, String>) -> Result<(), String> + Send + 'static,
     ) -> Result<Result<(), String>, Error> {
         check_image_name("remove image", pool, name)?;
+        let parent_guard = self.parent_turn("remove image", pool, name).await?;
         let guard = self.claim_image("remove image", pool, name).await?;
         let name = name.to_string();
         let target = format!("{pool}/{name}");
         self.with_pool("remove image", pool, target.clone(), move |io| {
-            let _guard = guard;
+            let _guards = (parent_guard, guard);
             let op = "remove image";
             // Not found: gone, or a partial image (a create killed midway: id object, no
             // header) with no metadata; rbd_remove still cleans that up, or says ENOENT.
@@ -995,8 +1046,13 @@ impl Cluster {
 
     /// Copies the parent's data into a clone so it no longer depends on it.
     pub async fn flatten(&self, pool: &str, name: &str) -> Result<(), Error> {
-        self.with_image("flatten image", pool, name, false, |img| img.flatten())
-            .await
+        // the flatten ends by detaching the clone from its parent (see `parent_turn`)
+        let parent_guard = self.parent_turn("flatten image", pool, name).await?;
+        self.with_image("flatten image", pool, name, false, move |img| {
+            let _parent_guard = parent_guard;
+            img.flatten()
+        })
+        .await
     }
 
     /// Moves an image to the pool's trash; it may not be removed for `delay`.
@@ -1089,6 +1145,21 @@ impl Cluster {
         })
         .await
     }
+}
+
+/// A connection to the unit-test binary's micro-ceph, as `client.admin`.
+#[cfg(test)]
+pub(crate) async fn test_cluster() -> std::sync::Arc<Cluster> {
+    let c = micro_ceph::cluster();
+    let config = crate::ClusterConfig::new(
+        c.monitors.clone(),
+        "admin",
+        crate::Secret::new(c.admin_key.clone()),
+    );
+    crate::ConnectionPool::new(crate::PoolOptions::default())
+        .get(&config)
+        .await
+        .expect("connecting to the test cluster")
 }
 
 #[cfg(test)]

@@ -180,17 +180,9 @@ mod tests {
     /// change since it, librbd lists it; a second of that name is refused, its ID released.
     #[tokio::test]
     async fn a_watched_image_is_left_to_librbd_and_an_unwatched_one_gets_a_snapshot_librbd_reads() {
-        use crate::{ClusterConfig, ConnectionPool, CreateOptions, PoolOptions, Secret};
+        use crate::CreateOptions;
         let c = micro_ceph::cluster();
-        let config = ClusterConfig::new(
-            c.monitors.clone(),
-            "admin",
-            Secret::new(c.admin_key.clone()),
-        );
-        let cluster = ConnectionPool::new(PoolOptions::default())
-            .get(&config)
-            .await
-            .unwrap();
+        let cluster = crate::cluster::test_cluster().await;
         let (pool, image) = (c.pool.clone(), format!("first-snap-{}", std::process::id()));
         let spec = format!("{pool}/{image}");
         let features = Features::LAYERING

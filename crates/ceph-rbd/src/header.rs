@@ -82,6 +82,54 @@ pub(crate) fn size(
         .ok_or_else(|| malformed(op, target, "get_size"))
 }
 
+/// The parent of the image whose ID is `id` (`parent_get`: pool ID, namespace, image ID),
+/// `None` for an image without one (or a class too old to say).
+pub(crate) fn parent(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    id: &str,
+) -> Result<Option<(i64, String, String)>, Error> {
+    let out = match io.exec(
+        op,
+        target,
+        &format!("rbd_header.{id}"),
+        "rbd",
+        "parent_get",
+        &[],
+    ) {
+        Ok(out) => out,
+        Err(Error::Other { errno, .. }) if errno == libc::EOPNOTSUPP => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // ENCODE_START(1, 1): version, compatible version, length; then the spec
+    let mut r = Reader(&out);
+    let spec = r
+        .u8()
+        .and_then(|_| r.u8())
+        .and_then(|_| r.u32())
+        .and_then(|_| Some((r.i64()?, r.string()?, r.string()?)))
+        .ok_or_else(|| malformed(op, target, "parent_get"))?;
+    // no parent: pool -1
+    Ok((spec.0 >= 0).then_some(spec))
+}
+
+/// The name of the image whose ID is `id`, from the directory of `io`'s namespace; not found
+/// for an image in the RBD trash or gone.
+pub(crate) fn image_name(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    id: &str,
+) -> Result<String, Error> {
+    let mut input = Vec::new();
+    crate::denc::put_bytes(&mut input, id.as_bytes());
+    let out = io.exec(op, target, "rbd_directory", "rbd", "dir_get_name", &input)?;
+    Reader(&out)
+        .string()
+        .ok_or_else(|| malformed(op, target, "dir_get_name"))
+}
+
 /// The feature bits of the image whose ID is `id` (`get_features` of its head).
 pub(crate) fn features(
     io: &IoCtx<'_>,

@@ -259,6 +259,21 @@ impl Rados {
         Ok(io)
     }
 
+    /// The name of the pool whose ID is `id` (from the client's OSD map, no round trip).
+    pub(crate) fn pool_name(&self, id: i64) -> Result<String, Error> {
+        let op = "look up pool";
+        let target = format!("pool id {id}");
+        let mut buf = vec![0u8; 256];
+        // SAFETY: connected handle; `buf` is valid for its length; librados writes a
+        // NUL-terminated name or returns a negative errno (ERANGE: too short, ENOENT).
+        let rc = unsafe {
+            ffi::rados_pool_reverse_lookup(self.handle, id, buf.as_mut_ptr().cast(), buf.len())
+        };
+        check(rc, op, &target)?;
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+    }
+
     /// The cluster's fsid (from the monmap of the connected handle).
     pub(crate) fn fsid(&self) -> Result<String, Error> {
         let mut buf = [0 as c_char; 64];
