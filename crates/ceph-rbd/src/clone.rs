@@ -199,20 +199,27 @@ impl Cluster {
             // handle would refresh first (a read of every snapshot the parent has).
             if let Some(parent) = parent {
                 match raw_snap.zip(parent_id.as_deref()) {
-                    Some((snap_id, parent_id)) => plain_clone::trash_snapshot(
-                        &parent_io,
-                        op,
-                        &parent_target,
-                        parent_id,
-                        snap_id,
-                    )?,
-                    None => match parent.snap_remove(&job.snap) {
-                        Ok(()) => {}
-                        Err(e) if e.is_not_found() => {}
-                        Err(e) => return Err(e),
-                    },
+                    Some((snap_id, parent_id)) => {
+                        plain_clone::trash_snapshot(
+                            &parent_io,
+                            op,
+                            &parent_target,
+                            parent_id,
+                            snap_id,
+                        )?;
+                        // our handle closed first: it must not be answering the notification
+                        drop(parent);
+                        plain_clone::notify_header(&parent_io, op, &parent_target, parent_id)?;
+                    }
+                    None => {
+                        match parent.snap_remove(&job.snap) {
+                            Ok(()) => {}
+                            Err(e) if e.is_not_found() => {}
+                            Err(e) => return Err(e),
+                        }
+                        drop(parent);
+                    }
                 }
-                drop(parent);
             }
             drop(parent_turn);
             let plan = record(facts.as_ref());

@@ -244,8 +244,9 @@ fn attach(
 
 /// Moves snapshot `snap_id` of the image whose ID is `image_id` to its snapshot trash, as
 /// librbd's removal of a snapshot that clones still depend on does (the class renames it and
-/// records its old name; it is purged when its last clone goes), then tells the image's
-/// watchers to re-read the header.
+/// records its old name; it is purged when its last clone goes). The image's watchers are to
+/// be told afterwards ([`notify_header`]), once this process's own handle on it is closed: a
+/// handle that is closed while it answers a notification librbd does not survive.
 pub(crate) fn trash_snapshot(
     io: &IoCtx<'_>,
     op: &'static str,
@@ -253,17 +254,26 @@ pub(crate) fn trash_snapshot(
     image_id: &str,
     snap_id: u64,
 ) -> Result<(), Error> {
-    let header = format!("rbd_header.{image_id}");
     io.write_op(
         op,
         target,
-        &header,
+        &format!("rbd_header.{image_id}"),
         &[WriteStep::rbd("snapshot_trash_add", &snap_id.to_le_bytes())],
-    )?;
+    )
+}
+
+/// Tells the watchers of the image whose ID is `image_id` (a node that has it mapped) to
+/// re-read its header.
+pub(crate) fn notify_header(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    image_id: &str,
+) -> Result<(), Error> {
     io.notify_watchers(
         op,
         target,
-        &header,
+        &format!("rbd_header.{image_id}"),
         crate::first_snapshot::NOTIFY_TIMEOUT_MS,
     )
     .map(drop)
