@@ -49,12 +49,14 @@ debootstrap --variant=minbase "$SUITE" "$PARTIAL" "$MIRROR" >"$CACHE/ceph-$RELEA
 printf '#!/bin/sh\nexit 101\n' > "$PARTIAL/usr/sbin/policy-rc.d"
 chmod +x "$PARTIAL/usr/sbin/policy-rc.d"
 mount -t proc proc "$PARTIAL/proc"
-chroot "$PARTIAL" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+# The caller's TMPDIR (scripts/test.sh's private folder) does not exist inside the root: package
+# scripts that make temporary files (ca-certificates' mktemp) would fail on it.
+chroot "$PARTIAL" env TMPDIR=/tmp DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
   ceph-mon ceph-osd ceph-common python3-rados python3-rbd "${EXTRA[@]}" >>"$CACHE/ceph-$RELEASE.log" 2>&1 || {
   tail -20 "$CACHE/ceph-$RELEASE.log" >&2; exit 1; }
-chroot "$PARTIAL" apt-get clean
+chroot "$PARTIAL" env TMPDIR=/tmp apt-get clean
 umount "$PARTIAL/proc"
-chroot "$PARTIAL" ceph --version >&2
+chroot "$PARTIAL" env TMPDIR=/tmp ceph --version >&2
 touch "$PARTIAL/.complete"
 mv "$PARTIAL" "$ROOT"
 echo "$ROOT"
