@@ -186,8 +186,9 @@ pub struct Sample {
     pub threads: u64,
 }
 
-/// Reads `/proc/PID/stat` and `/proc/PID/status`.
-pub fn sample(pid: u32) -> anyhow::Result<Sample> {
+/// The CPU times of a process in seconds, from `/proc/PID/stat`: utime, stime, cutime and
+/// cstime (its own user and system time, then its waited-for children's), in clock ticks.
+pub fn cpu_times(pid: u32) -> anyhow::Result<[f64; 4]> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("reading /proc/{pid}/stat"))?;
     // fields after the command name (which may contain spaces) start at field 3 (state)
@@ -196,18 +197,25 @@ pub fn sample(pid: u32) -> anyhow::Result<Sample> {
         .map(|(_, r)| r)
         .context("malformed /proc/PID/stat")?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> anyhow::Result<u64> {
-        fields
-            .get(i)
-            .context("short /proc/PID/stat")?
-            .parse::<u64>()
-            .context("parsing /proc/PID/stat")
-    };
-    // utime is field 14, stime field 15 (1-based) -> index 11 and 12 after the state field
-    let cpu_ticks = ticks(11)? + ticks(12)?;
     // SAFETY: sysconf has no memory effects.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let hz = if hz > 0 { hz as f64 } else { 100.0 };
+    // utime, stime, cutime, cstime are fields 14-17 (1-based): indices 11-14 after the state
+    let mut times = [0.0; 4];
+    for (k, time) in times.iter_mut().enumerate() {
+        let ticks = fields
+            .get(11 + k)
+            .context("short /proc/PID/stat")?
+            .parse::<u64>()
+            .context("parsing /proc/PID/stat")?;
+        *time = ticks as f64 / hz;
+    }
+    Ok(times)
+}
+
+/// Reads `/proc/PID/stat` and `/proc/PID/status`.
+pub fn sample(pid: u32) -> anyhow::Result<Sample> {
+    let [utime, stime, _, _] = cpu_times(pid)?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
     let kib = |key: &str| -> u64 {
@@ -219,7 +227,7 @@ pub fn sample(pid: u32) -> anyhow::Result<Sample> {
             * 1024
     };
     Ok(Sample {
-        cpu_secs: cpu_ticks as f64 / hz,
+        cpu_secs: utime + stime,
         rss: kib("VmRSS:"),
         peak_rss: kib("VmHWM:"),
         rss_anon: kib("RssAnon:"),

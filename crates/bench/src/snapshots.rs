@@ -226,25 +226,7 @@ struct CpuSample {
 
 impl CpuSample {
     fn of(pid: u32) -> anyhow::Result<CpuSample> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .with_context(|| format!("reading /proc/{pid}/stat"))?;
-        let rest = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r)
-            .context("malformed /proc/PID/stat")?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // utime, stime, cutime, cstime: fields 14-17 (1-based), indices 11-14 after the state
-        let mut ticks = [0u64; 4];
-        for (k, tick) in ticks.iter_mut().enumerate() {
-            *tick = fields
-                .get(11 + k)
-                .context("short /proc/PID/stat")?
-                .parse::<u64>()
-                .context("parsing /proc/PID/stat")?;
-        }
-        // SAFETY: sysconf has no memory effects.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        let hz = if hz > 0 { hz as f64 } else { 100.0 };
+        let [utime, stime, cutime, cstime] = crate::procs::cpu_times(pid)?;
         let mut threads = HashMap::new();
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
             for task in tasks.flatten() {
@@ -260,8 +242,8 @@ impl CpuSample {
             }
         }
         Ok(CpuSample {
-            own_s: (ticks[0] + ticks[1]) as f64 / hz,
-            children_s: (ticks[2] + ticks[3]) as f64 / hz,
+            own_s: utime + stime,
+            children_s: cutime + cstime,
             threads,
         })
     }
