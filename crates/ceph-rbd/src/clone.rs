@@ -4,8 +4,9 @@
 //! its own config proxy of about 2000 options) and a read of the header with the whole snapshot
 //! table, so a source with many snapshots costs more per open. A snapshot or restore done as
 //! separate calls opened the parent and the new image about ten times; [`Cluster::clone_recorded`]
-//! does the same work with at most one open of the parent (to take a temporary snapshot of it)
-//! and none of the new image, in one call on the blocking pool: the clone itself is made with
+//! does the same work with at most one open of the parent (to take a temporary snapshot of it,
+//! and none where nobody has the parent open: [`first_snapshot::take`] under the exclusive lock) and none of the
+//! new image, in one call on the blocking pool: the clone itself is made with
 //! RADOS calls where both images are plain ([`crate::plain_clone`]; otherwise librbd's clone
 //! opens both). The new image's record is written through its header's
 //! object class rather than librbd's metadata calls, each of which notifies the image's
@@ -15,9 +16,10 @@
 use std::collections::BTreeMap;
 
 use crate::cluster::check_image_name;
-use crate::first_snapshot::{self, Taken};
+use crate::first_snapshot::{self, Taken, Under};
 use crate::header;
 use crate::plain_clone;
+use crate::raw::IoCtx;
 use crate::{Cluster, CreateOptions, Error, ParentSpec, SnapInfo};
 
 /// What is read from an image with one open.
@@ -130,13 +132,21 @@ impl Cluster {
             let io = rados.ioctx(&job.pool)?;
             let parent_target = format!("{}/{}", job.parent_pool, job.parent);
             let target = format!("{}/{}", job.pool, job.image);
-            let parent = if job.temporary {
+            // The temporary snapshot without an open where nobody has the source open, else
+            // through an open handle (librbd quiesces and asks the lock's owner).
+            let unopened = if job.temporary {
+                temporary_snapshot_unopened(&parent_io, op, &parent_target, &job.parent, &job.snap)?
+            } else {
+                None
+            };
+            let parent = if job.temporary && unopened.is_none() {
                 Some(parent_io.open(&job.parent, false)?)
             } else {
                 None
             };
-            let (facts, parent_id) = match &parent {
-                Some(img) => {
+            let (facts, parent_id) = match (&parent, unopened) {
+                (_, Some((facts, id))) => (Some(facts), Some(id)),
+                (Some(img), None) => {
                     // read before the snapshot: after it, the handle would refresh first
                     let info = img.info()?;
                     let facts = ImageFacts {
@@ -153,7 +163,8 @@ impl Cluster {
                     (Some(facts), Some(info.id).filter(|id| !id.is_empty()))
                 }
                 // a format-1 image has no ID object, a missing one neither: librbd says which
-                None => match header::image_id(&parent_io, op, &parent_target, &job.parent) {
+                (None, None) => match header::image_id(&parent_io, op, &parent_target, &job.parent)
+                {
                     Ok(id) => (None, Some(id)),
                     Err(e) if e.is_not_found() => (None, None),
                     Err(e) => return Err(e),
@@ -197,7 +208,7 @@ impl Cluster {
             // and the next operation on the parent may start while this one completes the new
             // image. After a clone without librbd, the snapshot is trashed the same way: the
             // handle would refresh first (a read of every snapshot the parent has).
-            if let Some(parent) = parent {
+            if job.temporary {
                 match raw_snap.zip(parent_id.as_deref()) {
                     Some((snap_id, parent_id)) => {
                         plain_clone::trash_snapshot(
@@ -212,6 +223,10 @@ impl Cluster {
                         plain_clone::notify_header(&parent_io, op, &parent_target, parent_id)?;
                     }
                     None => {
+                        let parent = match parent {
+                            Some(parent) => parent,
+                            None => parent_io.open(&job.parent, false)?,
+                        };
                         match parent.snap_remove(&job.snap) {
                             Ok(()) => {}
                             Err(e) if e.is_not_found() => {}
@@ -246,7 +261,9 @@ impl Cluster {
                 }
             } else if let Some(snap) = &job.snapshot {
                 // nobody has the new image open: its snapshot without an open, unless watched
-                if first_snapshot::take(&io, op, &target, &id, snap)? == Taken::LeftToLibrbd {
+                if first_snapshot::take(&io, op, &target, &id, snap, Under::Nothing)?
+                    == Taken::LeftToLibrbd
+                {
                     io.open(&job.image, false)?.snap_create(snap)?;
                 }
             }
@@ -262,5 +279,40 @@ impl Cluster {
             })
         })
         .await
+    }
+}
+
+/// The temporary snapshot `snap` of the source `name`, taken with RADOS calls under librbd's
+/// exclusive lock ([`first_snapshot::take`] under the exclusive lock) when nobody has the source open, with the
+/// source's facts read from its header: `Some((facts, source ID))`, also when a snapshot of
+/// that name exists already (a retry). `None`: the source is left to an open (format 1,
+/// missing, a clone, whose parent librbd names, watched, locked, or with a feature only librbd
+/// snapshots).
+fn temporary_snapshot_unopened(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    name: &str,
+    snap: &str,
+) -> Result<Option<(ImageFacts, String)>, Error> {
+    let id = match header::image_id(io, op, target, name) {
+        Ok(id) => id,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if header::parent(io, op, target, &id)?.is_some() {
+        return Ok(None);
+    }
+    let facts = ImageFacts {
+        size: header::size(io, op, target, &id, header::NOSNAP)?,
+        parent: None,
+        metadata: header::metadata(io, op, target, &id)?,
+        snaps: Vec::new(),
+    };
+    match first_snapshot::take(io, op, target, &id, snap, Under::ExclusiveLock) {
+        Ok(Taken::Snapshot(_)) => Ok(Some((facts, id))),
+        Err(e) if e.is_already_exists() => Ok(Some((facts, id))),
+        Ok(Taken::LeftToLibrbd) => Ok(None),
+        Err(e) => Err(e),
     }
 }

@@ -49,20 +49,13 @@ pub fn creator_lock_secs(op_timeout: std::time::Duration) -> u32 {
 /// Input of the `lock` class's `lock` method (`cls_lock_lock_op`): the exclusive
 /// [`CREATOR_LOCK`] with our cookie, for `secs` ([`creator_lock_secs`]), not renewed.
 pub(crate) fn creator_lock_op(secs: u32) -> Vec<u8> {
-    let mut body = Vec::new();
-    put_bytes(&mut body, CREATOR_LOCK.as_bytes());
-    body.push(1); // LOCK_EXCLUSIVE
-    put_bytes(&mut body, CREATOR_COOKIE.as_bytes());
-    put_bytes(&mut body, b""); // tag
-    put_bytes(&mut body, b"rbd-provisioner image create"); // description
-    body.extend_from_slice(&secs.to_le_bytes()); // utime_t seconds
-    body.extend_from_slice(&0u32.to_le_bytes()); // and nanoseconds
-    body.push(0); // flags
-    // ENCODE_START(1, 1): version, compat version, length
-    let mut op = vec![1, 1];
-    op.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
-    op.extend_from_slice(&body);
-    op
+    crate::cls_lock::lock(
+        CREATOR_LOCK,
+        CREATOR_COOKIE,
+        "",
+        "rbd-provisioner image create",
+        secs,
+    )
 }
 
 /// How many images this process created without librbd (see the `create` module).

@@ -21,10 +21,11 @@
 //! somewhere) or with a feature whose snapshot librbd does more for (journaling, a separate data
 //! pool, migration, a mirroring non-primary image) is left to librbd: [`Taken::LeftToLibrbd`].
 
+use crate::cls_lock;
 use crate::error::Error;
 use crate::features::Features;
 use crate::header::{NOSNAP, object_map_name};
-use crate::raw::{IoCtx, WriteStep};
+use crate::raw::{IoCtx, Watch, WriteStep};
 
 /// What [`take`] did.
 #[derive(Debug, PartialEq, Eq)]
@@ -33,6 +34,15 @@ pub(crate) enum Taken {
     Snapshot(u64),
     /// Nothing: the image is watched or has a feature only librbd handles; take it with librbd.
     LeftToLibrbd,
+}
+
+/// Whether [`take`] holds librbd's exclusive lock while it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Under {
+    /// No lock: an image this client has just made, whose name nobody else has seen used.
+    Nothing,
+    /// An image somebody else may open meanwhile (a snapshot's source).
+    ExclusiveLock,
 }
 
 /// Features whose snapshot is the steps above; anything else goes to librbd.
@@ -51,6 +61,12 @@ pub(crate) const HANDLED: Features = Features::from_bits(
 /// notification timeout).
 pub(crate) const NOTIFY_TIMEOUT_MS: u64 = 5000;
 
+/// librbd's exclusive lock on an image's header (`RBD_LOCK_NAME`), the tag it and the kernel
+/// client give it, and the prefix of its cookie, followed by the owner's watch handle.
+const RBD_LOCK: &str = "rbd_lock";
+const RBD_LOCK_TAG: &str = "internal";
+const RBD_LOCK_COOKIE_PREFIX: &str = "auto";
+
 /// `snapshot_add`'s input: name, ID, and the user snapshot namespace (a versioned
 /// `SnapshotNamespace`: version 1, compatible 1, length 4, namespace type 0 = user).
 fn snapshot_add_input(name: &str, snap_id: u64) -> Vec<u8> {
@@ -63,33 +79,24 @@ fn snapshot_add_input(name: &str, snap_id: u64) -> Vec<u8> {
     input
 }
 
-/// Takes snapshot `snap` of the format-2 image whose ID is `id` (`target` names it in errors)
-/// with RADOS calls, when nobody watches it; see the module's text.
-///
-/// # Errors
-/// `AlreadyExists` when a snapshot of that name exists, Ceph errors.
-pub(crate) fn take(
+/// Steps 1 to 3 of the module's text on the image whose ID is `id`, with `features`; with
+/// `lock` (librbd's exclusive lock held: its cookie), the header write asserts it, as librbd's
+/// does. Nothing is written when the head's object map is missing or unreadable (librbd's to
+/// rebuild or flag): [`Taken::LeftToLibrbd`].
+fn snapshot_steps(
     io: &IoCtx<'_>,
     op: &'static str,
     target: &str,
     id: &str,
+    features: Features,
     snap: &str,
+    lock: Option<&str>,
 ) -> Result<Taken, Error> {
     let header = format!("rbd_header.{id}");
-    let features = crate::header::features(io, op, target, id)?;
-    if features.bits() & !HANDLED.bits() != 0 {
-        return Ok(Taken::LeftToLibrbd);
-    }
-    // an empty notification is the header update librbd and the kernel client acknowledge:
-    // whoever answers has the image open, and librbd's snapshot quiesces and locks for them
-    if io.notify_watchers(op, target, &header, NOTIFY_TIMEOUT_MS)? > 0 {
-        return Ok(Taken::LeftToLibrbd);
-    }
     let head_map = if features.contains(Features::OBJECT_MAP) {
         let name = object_map_name(id, NOSNAP);
         match io.exec(op, target, &name, "rbd", "object_map_load", &[]) {
             Ok(map) => Some(map),
-            // a missing or unreadable map is librbd's to rebuild or flag
             Err(e) if e.is_not_found() || matches!(e, Error::InvalidArgument { .. }) => {
                 return Ok(Taken::LeftToLibrbd);
             }
@@ -98,7 +105,7 @@ pub(crate) fn take(
     } else {
         None
     };
-    let snap_id = add_to_header(io, op, target, &header, snap)?;
+    let snap_id = add_to_header(io, op, target, &header, snap, lock)?;
     if let Some(map) = head_map {
         io.write_op(
             op,
@@ -115,9 +122,144 @@ pub(crate) fn take(
             )?;
         }
     }
-    // for anyone who opened the image since the check above
-    io.notify_watchers(op, target, &header, NOTIFY_TIMEOUT_MS)?;
     Ok(Taken::Snapshot(snap_id))
+}
+
+/// Takes snapshot `snap` of the format-2 image whose ID is `id` (`target` names it in errors)
+/// with RADOS calls when nobody has the image open: what librbd does on an image only it has
+/// open, without building an image context (whose read of the header reads every snapshot the
+/// image has, four object-class calls each). In order:
+///
+/// 1. nobody answers a header-update notification (anyone who does has the image open:
+///    librbd's snapshot quiesces them and asks the lock's owner for it);
+/// 2. with [`Under::ExclusiveLock`], a watch on the header, and `rbd_lock` locked exclusively
+///    with librbd's tag and a cookie naming the watch (`auto <handle>`), as librbd and the
+///    kernel client lock it: whoever opens the image now sees a live owner and asks it for the
+///    lock (answered with nothing, they retry) instead of breaking it; taken by somebody
+///    already (`EBUSY`): left to librbd;
+/// 3. the snapshot's steps (module text), the header write asserting the lock if held;
+/// 4. unlocked, unwatched, and a header-update notification for anyone who opened it meanwhile.
+///
+/// # Errors
+/// `AlreadyExists` when a snapshot of that name exists, Ceph errors.
+pub(crate) fn take(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    id: &str,
+    snap: &str,
+    under: Under,
+) -> Result<Taken, Error> {
+    let header = format!("rbd_header.{id}");
+    let features = crate::header::features(io, op, target, id)?;
+    if features.bits() & !HANDLED.bits() != 0 {
+        return Ok(Taken::LeftToLibrbd);
+    }
+    // an empty notification is the header update librbd and the kernel client acknowledge:
+    // whoever answers has the image open, and librbd's snapshot quiesces and locks for them
+    if io.notify_watchers(op, target, &header, NOTIFY_TIMEOUT_MS)? > 0 {
+        return Ok(Taken::LeftToLibrbd);
+    }
+    let lock = if under == Under::ExclusiveLock {
+        match HeaderLock::take(io, op, target, &header)? {
+            Some(lock) => Some(lock),
+            None => return Ok(Taken::LeftToLibrbd),
+        }
+    } else {
+        None
+    };
+    let cookie = lock.as_ref().map(|lock| lock.cookie.as_str());
+    let taken = snapshot_steps(io, op, target, id, features, snap, cookie);
+    let released = lock.map_or(Ok(()), HeaderLock::release);
+    let taken = taken?;
+    released?;
+    if taken != Taken::LeftToLibrbd {
+        // for anyone who opened the image since the check above
+        io.notify_watchers(op, target, &header, NOTIFY_TIMEOUT_MS)?;
+    }
+    Ok(taken)
+}
+
+/// librbd's exclusive lock on an image's header, held by this client as librbd holds it: the
+/// lock with a cookie naming a watch this client keeps on the header meanwhile.
+pub(crate) struct HeaderLock<'a> {
+    io: &'a IoCtx<'a>,
+    op: &'static str,
+    target: &'a str,
+    header: &'a str,
+    cookie: String,
+    /// `None` once released.
+    watch: Option<Watch<'a>>,
+}
+
+impl<'a> HeaderLock<'a> {
+    /// Watches `header` and locks it; `None` (and no watch) when somebody holds the lock.
+    pub(crate) fn take(
+        io: &'a IoCtx<'a>,
+        op: &'static str,
+        target: &'a str,
+        header: &'a str,
+    ) -> Result<Option<HeaderLock<'a>>, Error> {
+        let watch = io.watch(op, target, header)?;
+        let cookie = format!("{RBD_LOCK_COOKIE_PREFIX} {}", watch.handle());
+        let lock = cls_lock::lock(RBD_LOCK, &cookie, RBD_LOCK_TAG, "", 0);
+        let locked = io.write_op(
+            op,
+            target,
+            header,
+            &[WriteStep::Exec {
+                class: "lock",
+                method: "lock",
+                input: &lock,
+            }],
+        );
+        match locked {
+            Ok(()) => Ok(Some(HeaderLock {
+                io,
+                op,
+                target,
+                header,
+                cookie,
+                watch: Some(watch),
+            })),
+            Err(Error::Busy { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Unlocks, then unwatches: in this order, as a lock whose owner no longer watches is one
+    /// the next client breaks (blocklisting this client). The unlock is retried once (a
+    /// timeout); the watch goes either way.
+    pub(crate) fn release(mut self) -> Result<(), Error> {
+        self.unlock()
+    }
+
+    fn unlock(&mut self) -> Result<(), Error> {
+        let Some(watch) = self.watch.take() else {
+            return Ok(());
+        };
+        let unlock = cls_lock::unlock(RBD_LOCK, &self.cookie);
+        let step = [WriteStep::Exec {
+            class: "lock",
+            method: "unlock",
+            input: &unlock,
+        }];
+        let unlocked = self
+            .io
+            .write_op(self.op, self.target, self.header, &step)
+            .or_else(|_| self.io.write_op(self.op, self.target, self.header, &step));
+        drop(watch);
+        unlocked
+    }
+}
+
+impl Drop for HeaderLock<'_> {
+    /// Released on every path out, an error or a panic included.
+    fn drop(&mut self) {
+        if let Err(e) = self.unlock() {
+            tracing::warn!(target = self.target, error = %e, "releasing an image's exclusive lock failed");
+        }
+    }
 }
 
 /// Steps 1 and 2: a snapshot ID, recorded on the header under `snap`; the ID is released
@@ -128,20 +270,24 @@ fn add_to_header(
     target: &str,
     header: &str,
     snap: &str,
+    lock: Option<&str>,
 ) -> Result<u64, Error> {
+    let assert = lock.map(|cookie| cls_lock::assert_locked(RBD_LOCK, cookie, RBD_LOCK_TAG));
     let mut attempts = 0;
     loop {
         attempts += 1;
         let snap_id = io.selfmanaged_snap_create(op, target)?;
-        let added = io.write_op(
-            op,
-            target,
-            header,
-            &[WriteStep::rbd(
-                "snapshot_add",
-                &snapshot_add_input(snap, snap_id),
-            )],
-        );
+        let input = snapshot_add_input(snap, snap_id);
+        let mut steps = Vec::with_capacity(2);
+        if let Some(assert) = &assert {
+            steps.push(WriteStep::Exec {
+                class: "lock",
+                method: "assert_locked",
+                input: assert,
+            });
+        }
+        steps.push(WriteStep::rbd("snapshot_add", &input));
+        let added = io.write_op(op, target, header, &steps);
         match added {
             Ok(()) => return Ok(snap_id),
             Err(e) => {
@@ -180,19 +326,60 @@ mod tests {
     /// change since it, librbd lists it; a second of that name is refused, its ID released.
     #[tokio::test]
     async fn a_watched_image_is_left_to_librbd_and_an_unwatched_one_gets_a_snapshot_librbd_reads() {
-        use crate::CreateOptions;
         let c = micro_ceph::cluster();
         let cluster = crate::cluster::test_cluster().await;
-        let (pool, image) = (c.pool.clone(), format!("first-snap-{}", std::process::id()));
+        let (pool, image, spec) = image_with_data(&cluster, "first-snap").await;
+        let take_now = |snap: &'static str| take_by(&cluster, &pool, &image, snap, Under::Nothing);
+
+        let holder = micro_ceph::ImageHolder::open(c, &pool, &image).unwrap();
+        assert_eq!(take_now("s1").await.unwrap(), Taken::LeftToLibrbd);
+        drop(holder);
+        let Taken::Snapshot(snap_id) = take_now("s1").await.unwrap() else {
+            panic!("an image nobody watches is left to librbd");
+        };
+        let listed = cluster.snap_list(&pool, &image).await.unwrap();
+        assert_eq!(
+            listed
+                .iter()
+                .map(|s| (s.id, s.name.as_str(), s.size))
+                .collect::<Vec<_>>(),
+            [(snap_id, "s1", 16 << 20)]
+        );
+        maps_valid_and_unchanged_since(c, &spec, "s1");
+        let since_creation = c
+            .rbd(&["diff", "--format", "json", &format!("{spec}@s1")])
+            .unwrap();
+        assert_ne!(
+            since_creation.trim(),
+            "[]",
+            "the data written is in the snapshot"
+        );
+
+        let again = take_now("s1").await.unwrap_err();
+        assert!(again.is_already_exists(), "{again}");
+        assert_eq!(cluster.snap_list(&pool, &image).await.unwrap().len(), 1);
+        cluster.snap_remove(&pool, &image, "s1").await.unwrap();
+        cluster.remove_image(&pool, &image).await.unwrap();
+    }
+
+    /// A new 16 MiB image with exclusive-lock, object-map and fast-diff, 8 MiB written (so the
+    /// head's object map has objects that exist): pool, image, `pool/image`.
+    async fn image_with_data(
+        cluster: &std::sync::Arc<crate::Cluster>,
+        prefix: &str,
+    ) -> (String, String, String) {
+        let c = micro_ceph::cluster();
+        let (pool, image) = (c.pool.clone(), format!("{prefix}-{}", std::process::id()));
         let spec = format!("{pool}/{image}");
-        let features = Features::LAYERING
-            | Features::EXCLUSIVE_LOCK
-            | Features::OBJECT_MAP
-            | Features::FAST_DIFF
-            | Features::DEEP_FLATTEN;
-        let options = CreateOptions {
-            features: Some(features),
-            ..CreateOptions::default()
+        let options = crate::CreateOptions {
+            features: Some(
+                Features::LAYERING
+                    | Features::EXCLUSIVE_LOCK
+                    | Features::OBJECT_MAP
+                    | Features::FAST_DIFF
+                    | Features::DEEP_FLATTEN,
+            ),
+            ..crate::CreateOptions::default()
         };
         cluster
             .create_image(&pool, &image, 16 << 20, &options)
@@ -209,40 +396,35 @@ mod tests {
             &spec,
         ])
         .unwrap();
-        let take_now = |snap: &'static str| {
-            let (cluster, pool, image, target) =
-                (cluster.clone(), pool.clone(), image.clone(), spec.clone());
-            async move {
-                cluster
-                    .with_pool("snap test", &pool, target.clone(), move |io| {
-                        let id = crate::header::image_id(io, "snap test", &target, &image)?;
-                        take(io, "snap test", &target, &id, snap)
-                    })
-                    .await
-            }
-        };
+        (pool, image, spec)
+    }
 
-        let holder = micro_ceph::ImageHolder::open(c, &pool, &image).unwrap();
-        assert_eq!(take_now("s1").await.unwrap(), Taken::LeftToLibrbd);
-        drop(holder);
-        let Taken::Snapshot(snap_id) = take_now("s1").await.unwrap() else {
-            panic!("an image nobody watches is left to librbd");
-        };
-        let listed = cluster.snap_list(&pool, &image).await.unwrap();
-        assert_eq!(
-            listed
-                .iter()
-                .map(|s| (s.id, s.name.as_str(), s.size))
-                .collect::<Vec<_>>(),
-            [(snap_id, "s1", 16 << 20)]
-        );
-        // valid maps (check flags an invalid one, so the flags are read after it)
-        for at in [format!("{spec}@s1"), spec.clone()] {
+    /// [`take`] of snapshot `snap` of `pool/image`.
+    async fn take_by(
+        cluster: &std::sync::Arc<crate::Cluster>,
+        pool: &str,
+        image: &str,
+        snap: &'static str,
+        under: Under,
+    ) -> Result<Taken, Error> {
+        let (image, target) = (image.to_owned(), format!("{pool}/{image}"));
+        cluster
+            .with_pool("snap test", pool, target.clone(), move |io| {
+                let id = crate::header::image_id(io, "snap test", &target, &image)?;
+                take(io, "snap test", &target, &id, snap, under)
+            })
+            .await
+    }
+
+    /// The object maps of `spec@snap` and of the head are valid (`check` flags an invalid
+    /// one, so the flags are read after it), and fast-diff sees no change since `snap` (the
+    /// head's objects were marked clean at the snapshot).
+    fn maps_valid_and_unchanged_since(c: &micro_ceph::MicroCeph, spec: &str, snap: &str) {
+        for at in [format!("{spec}@{snap}"), spec.to_owned()] {
             c.rbd(&["object-map", "check", &at]).unwrap();
             let info = c.rbd(&["info", "--format", "json", &at]).unwrap();
             assert!(info.contains("\"flags\":[]"), "{at}: {info}");
         }
-        // fast-diff: the head's objects were marked clean at the snapshot
         let diff = c
             .rbd(&[
                 "diff",
@@ -250,23 +432,136 @@ mod tests {
                 "--format",
                 "json",
                 "--from-snap",
-                "s1",
-                &spec,
+                snap,
+                spec,
             ])
             .unwrap();
-        assert_eq!(diff.trim(), "[]");
-        let since_creation = c
-            .rbd(&["diff", "--format", "json", &format!("{spec}@s1")])
-            .unwrap();
-        assert_ne!(
-            since_creation.trim(),
-            "[]",
-            "the data written is in the snapshot"
-        );
+        assert_eq!(diff.trim(), "[]", "fast-diff: nothing changed since {snap}");
+    }
 
+    /// A child process killed and reaped however the test ends.
+    struct Reaped(std::process::Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// librbd's exclusive lock as [`take`] holds it: a separate librbd client that
+    /// writes meanwhile sees a live owner and waits (it neither breaks the lock nor blocklists
+    /// this client), and writes once it is released; a lock somebody else holds, or a watcher,
+    /// leaves the snapshot to librbd; the snapshot taken under the lock is one librbd reads,
+    /// with valid object maps, and no lock or watch is left behind.
+    #[tokio::test]
+    async fn a_writer_waits_for_the_header_lock_and_a_held_lock_or_a_watcher_leaves_it_to_librbd() {
+        use std::time::{Duration, Instant};
+        let c = micro_ceph::cluster();
+        let cluster = crate::cluster::test_cluster().await;
+        let (pool, image, spec) = image_with_data(&cluster, "locked-snap").await;
+
+        let (lock_c, lock_target, lock_image) = (c, spec.clone(), image.clone());
+        cluster
+            .with_pool("lock test", &pool, spec.clone(), move |io| {
+                let id = crate::header::image_id(io, "lock test", &lock_target, &lock_image)?;
+                let header = format!("rbd_header.{id}");
+                let lock = HeaderLock::take(io, "lock test", &lock_target, &header)?
+                    .expect("nobody holds the lock");
+                // a second holder is refused while it is held
+                assert!(
+                    HeaderLock::take(io, "lock test", &lock_target, &header)?.is_none(),
+                    "the lock is exclusive"
+                );
+                let mut writer = Reaped(
+                    lock_c
+                        .cli("rbd")
+                        .args(["bench", "--io-type", "write", "--io-size", "4K"])
+                        .args(["--io-total", "4K", "--io-threads", "1", &lock_target])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .spawn()
+                        .unwrap(),
+                );
+                // the writer asks for the lock (answered with nothing) and keeps asking; it
+                // must not get it, nor break it, while it is held
+                let held = Instant::now();
+                while held.elapsed() < Duration::from_secs(3) {
+                    assert!(
+                        writer.0.try_wait().unwrap().is_none(),
+                        "a writer finished while the lock was held"
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let blocklist = lock_c
+                    .cli("ceph")
+                    .args(["osd", "blocklist", "ls"])
+                    .output()
+                    .unwrap();
+                let blocklist = String::from_utf8_lossy(&blocklist.stdout);
+                assert!(
+                    !blocklist.contains(':'),
+                    "a client was blocklisted: {blocklist}"
+                );
+                lock.release()?;
+                let released = Instant::now();
+                let status = loop {
+                    if let Some(status) = writer.0.try_wait().unwrap() {
+                        break status;
+                    }
+                    assert!(
+                        released.elapsed() < Duration::from_secs(60),
+                        "the writer did not write after the release"
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                };
+                assert!(status.success(), "the writer failed");
+                Ok(())
+            })
+            .await
+            .unwrap();
+
+        let take_now =
+            |snap: &'static str| take_by(&cluster, &pool, &image, snap, Under::ExclusiveLock);
+        // watched: librbd's
+        let holder = micro_ceph::ImageHolder::open(c, &pool, &image).unwrap();
+        assert_eq!(take_now("s1").await.unwrap(), Taken::LeftToLibrbd);
+        drop(holder);
+        // locked by somebody else (an advisory lock of the same name): librbd's
+        c.rbd(&["lock", "add", &spec, "someone"]).unwrap();
+        assert_eq!(take_now("s1").await.unwrap(), Taken::LeftToLibrbd);
+        let lockers = c.rbd(&["lock", "ls", "--format", "json", &spec]).unwrap();
+        let locker = lockers
+            .split('"')
+            .skip_while(|s| *s != "locker")
+            .nth(2)
+            .expect("a locker")
+            .to_string();
+        c.rbd(&["lock", "rm", &spec, "someone", &locker]).unwrap();
+
+        let Taken::Snapshot(snap_id) = take_now("s1").await.unwrap() else {
+            panic!("an image nobody watches or locks is left to librbd");
+        };
+        let listed = cluster.snap_list(&pool, &image).await.unwrap();
+        assert_eq!(
+            listed
+                .iter()
+                .map(|s| (s.id, s.name.as_str()))
+                .collect::<Vec<_>>(),
+            [(snap_id, "s1")]
+        );
+        maps_valid_and_unchanged_since(c, &spec, "s1");
+        // no lock and no watch left
+        let lockers = c.rbd(&["lock", "ls", "--format", "json", &spec]).unwrap();
+        assert!(!lockers.contains("locker"), "{lockers}");
+        let status = c.rbd(&["status", "--format", "json", &spec]).unwrap();
+        assert!(status.contains("\"watchers\":[]"), "{status}");
+        // the name again: refused, nothing added, nothing held
         let again = take_now("s1").await.unwrap_err();
         assert!(again.is_already_exists(), "{again}");
         assert_eq!(cluster.snap_list(&pool, &image).await.unwrap().len(), 1);
+        let lockers = c.rbd(&["lock", "ls", "--format", "json", &spec]).unwrap();
+        assert!(!lockers.contains("locker"), "{lockers}");
         cluster.snap_remove(&pool, &image, "s1").await.unwrap();
         cluster.remove_image(&pool, &image).await.unwrap();
     }

@@ -30,6 +30,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod clone;
+mod cls_lock;
 mod cluster;
 mod config;
 mod create;

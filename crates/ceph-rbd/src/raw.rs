@@ -1007,6 +1007,41 @@ impl IoCtx<'_> {
         }
     }
 
+    /// Watches `oid` until the returned [`Watch`] is dropped, acknowledging every notification
+    /// with an empty answer (what a watcher that owns nothing answers). Another client sees this
+    /// client as alive by its watch: librbd and the kernel client check a lock's owner that way
+    /// before they break the lock.
+    pub(crate) fn watch(
+        &self,
+        op: &'static str,
+        target: &str,
+        oid: &str,
+    ) -> Result<Watch<'_>, Error> {
+        let ctx = Box::new(WatchCtx {
+            io: self.handle,
+            oid: cstring(oid, op, target)?,
+        });
+        let mut handle = 0u64;
+        // SAFETY: valid ioctx and name; `ctx` is boxed (a stable address) and outlives the
+        // watch: `Watch::drop` unregisters it and flushes pending callbacks before freeing it.
+        let rc = unsafe {
+            ffi::rados_watch2(
+                self.handle,
+                ctx.oid.as_ptr(),
+                &mut handle,
+                Some(ack_notification),
+                Some(watch_lost),
+                std::ptr::from_ref::<WatchCtx>(&ctx).cast_mut().cast(),
+            )
+        };
+        check(rc, op, target)?;
+        Ok(Watch {
+            io: self,
+            handle,
+            ctx,
+        })
+    }
+
     pub(crate) fn list_images(&self) -> Result<Vec<String>, Error> {
         let op = "list images";
         let mut max: usize = 64;
@@ -1557,6 +1592,64 @@ impl Image<'_> {
         };
         check(rc, op, &target).map(drop)
     }
+}
+
+/// What a watch's callbacks need: the ioctx and the object's name, to acknowledge.
+struct WatchCtx {
+    io: ffi::rados_ioctx_t,
+    oid: CString,
+}
+
+/// A watch on one object ([`IoCtx::watch`]); unregistered when dropped.
+pub(crate) struct Watch<'a> {
+    io: &'a IoCtx<'a>,
+    handle: u64,
+    ctx: Box<WatchCtx>,
+}
+
+impl Watch<'_> {
+    /// The watch's handle (its cookie, as `rados listwatchers` shows it).
+    pub(crate) fn handle(&self) -> u64 {
+        self.handle
+    }
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the watch registered in `IoCtx::watch`, unregistered once; then every
+        // callback already queued runs before `ctx` (their argument) is freed.
+        unsafe {
+            let rc = ffi::rados_unwatch2(self.io.handle, self.handle);
+            if rc < 0 {
+                tracing::warn!(handle = self.handle, rc, "unregistering a watch failed");
+            }
+            ffi::rados_watch_flush(ffi::rados_ioctx_get_cluster(self.io.handle));
+        }
+        let _ = &self.ctx;
+    }
+}
+
+/// A notification to a [`Watch`]: acknowledged at once, with nothing to say.
+unsafe extern "C" fn ack_notification(
+    arg: *mut c_void,
+    notify_id: u64,
+    handle: u64,
+    _notifier_id: u64,
+    _data: *mut c_void,
+    _data_len: usize,
+) {
+    // SAFETY: `arg` is the `WatchCtx` of a registered watch, alive until the watch is
+    // unregistered and its callbacks flushed.
+    unsafe {
+        let ctx = &*arg.cast::<WatchCtx>();
+        ffi::rados_notify_ack(ctx.io, ctx.oid.as_ptr(), notify_id, handle, ptr::null(), 0);
+    }
+}
+
+/// A watch lost (a reconnection, a timeout): nothing to do; the lock it vouched for may be
+/// broken, which the holder's next write asserting the lock finds.
+unsafe extern "C" fn watch_lost(_arg: *mut c_void, handle: u64, err: c_int) {
+    tracing::warn!(handle, err, "a watch was lost");
 }
 
 /// One step of [`IoCtx::write_op`].
