@@ -157,7 +157,7 @@ pub async fn run(client: Client, backend: Arc<dyn Snapshotter>, config: ContentC
     loop {
         match stream.next().await {
             Some(Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c))) => {
-                if ctl.ours(&c) {
+                if ctl.ours(&c) && !settled(&c) {
                     ctl.queue.add(c.name_any());
                 }
             }
@@ -198,6 +198,13 @@ fn object_ref(c: &VolumeSnapshotContent) -> ObjectReference {
         resource_version: c.metadata.resource_version.clone(),
         ..Default::default()
     }
+}
+
+/// Nothing to do for this content as the watch shows it: ready, its create finished, not
+/// deleted (a sync would read it again only to find so). Its next change is another event; the
+/// resync still looks at every content.
+pub(super) fn settled(c: &VolumeSnapshotContent) -> bool {
+    c.metadata.deletion_timestamp.is_none() && c.is_ready() && !has_annotation(c, ANN_BEING_CREATED)
 }
 
 /// The sidecar's `shouldDelete`: deleted, and either marked by the snapshot-controller or a
@@ -547,6 +554,25 @@ mod tests {
         assert!(should_delete(&content(unbound)));
         let live = json!({"metadata": {"name": "c", "annotations": {ANN_BEING_DELETED: "yes"}}});
         assert!(!should_delete(&content(live)));
+    }
+
+    #[test]
+    fn only_a_ready_finished_live_content_is_settled() {
+        let ready = json!({"metadata": {"name": "c"},
+            "status": {"readyToUse": true, "snapshotHandle": "s1/m/p/i"}});
+        assert!(settled(&content(ready.clone())));
+        let mut creating = ready.clone();
+        creating["metadata"]["annotations"] = json!({ANN_BEING_CREATED: "yes"});
+        assert!(
+            !settled(&content(creating)),
+            "its annotation is still to go"
+        );
+        let mut deleted = ready.clone();
+        deleted["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert!(!settled(&content(deleted)));
+        let mut unready = ready;
+        unready["status"]["readyToUse"] = json!(false);
+        assert!(!settled(&content(unready)));
     }
 
     #[test]
