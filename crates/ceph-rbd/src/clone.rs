@@ -4,10 +4,10 @@
 //! its own config proxy of about 2000 options) and a read of the header with the whole snapshot
 //! table, so a source with many snapshots costs more per open. A snapshot or restore done as
 //! separate calls opened the parent and the new image about ten times; [`Cluster::clone_recorded`]
-//! does the same work with at most one open of the parent (to take a temporary snapshot of it,
-//! and none where nobody has the parent open: [`first_snapshot::take`] under the exclusive lock) and none of the
-//! new image, in one call on the blocking pool: the clone itself is made with
-//! RADOS calls where both images are plain ([`crate::plain_clone`]; otherwise librbd's clone
+//! does the same work with at most one open of the parent (to take a temporary snapshot of it
+//! where somebody has it open; [`first_snapshot::take`] takes it otherwise) and none of the new
+//! image, in one call on the blocking pool: the clone itself is made with RADOS calls where both
+//! images are plain ([`crate::plain_clone`]; otherwise librbd's clone
 //! opens both). The new image's record is written through its header's
 //! object class rather than librbd's metadata calls, each of which notifies the image's
 //! watchers and makes the next call on the open image refresh it, and the new image's snapshot
@@ -283,8 +283,8 @@ impl Cluster {
 }
 
 /// The temporary snapshot `snap` of the source `name`, taken with RADOS calls under librbd's
-/// exclusive lock ([`first_snapshot::take`] under the exclusive lock) when nobody has the source open, with the
-/// source's facts read from its header: `Some((facts, source ID))`, also when a snapshot of
+/// exclusive lock ([`first_snapshot::take`]) when nobody has the source open, with the source's
+/// facts read from its header: `Some((facts, source ID))`, also when a snapshot of
 /// that name exists already (a retry). `None`: the source is left to an open (format 1,
 /// missing, a clone, whose parent librbd names, watched, locked, or with a feature only librbd
 /// snapshots).

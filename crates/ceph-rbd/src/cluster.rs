@@ -638,14 +638,7 @@ impl Cluster {
                     op,
                     &target,
                     &id_object,
-                    &[
-                        WriteStep::AssertExists,
-                        WriteStep::Exec {
-                            class: "lock",
-                            method: "lock",
-                            input: &lock,
-                        },
-                    ],
+                    &[WriteStep::AssertExists, WriteStep::lock("lock", &lock)],
                 )
             })
             .await;

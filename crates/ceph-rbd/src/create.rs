@@ -250,11 +250,7 @@ pub(crate) fn create_plain(
         &[
             WriteStep::CreateExclusive,
             WriteStep::rbd("set_id", &id_arg),
-            WriteStep::Exec {
-                class: "lock",
-                method: "lock",
-                input: &lock,
-            },
+            WriteStep::lock("lock", &lock),
         ],
     ) {
         undo_entry();

@@ -1,5 +1,6 @@
-//! The first snapshot of an image this client has just made and nobody has open, taken with
-//! RADOS calls.
+//! A snapshot of an image nobody has open, taken with RADOS calls: the first snapshot of an
+//! image this client has just made, and (under librbd's exclusive lock, [`take`]) the temporary
+//! snapshot of a snapshot's source.
 //!
 //! librbd takes a snapshot on an open image: the open (an `ImageCtx` with its own copy of the
 //! whole configuration, a watch on the header), the exclusive lock and the object map's lock
@@ -203,16 +204,7 @@ impl<'a> HeaderLock<'a> {
         let watch = io.watch(op, target, header)?;
         let cookie = format!("{RBD_LOCK_COOKIE_PREFIX} {}", watch.handle());
         let lock = cls_lock::lock(RBD_LOCK, &cookie, RBD_LOCK_TAG, "", 0);
-        let locked = io.write_op(
-            op,
-            target,
-            header,
-            &[WriteStep::Exec {
-                class: "lock",
-                method: "lock",
-                input: &lock,
-            }],
-        );
+        let locked = io.write_op(op, target, header, &[WriteStep::lock("lock", &lock)]);
         match locked {
             Ok(()) => Ok(Some(HeaderLock {
                 io,
@@ -239,11 +231,7 @@ impl<'a> HeaderLock<'a> {
             return Ok(());
         };
         let unlock = cls_lock::unlock(RBD_LOCK, &self.cookie);
-        let step = [WriteStep::Exec {
-            class: "lock",
-            method: "unlock",
-            input: &unlock,
-        }];
+        let step = [WriteStep::lock("unlock", &unlock)];
         let unlocked = self
             .io
             .write_op(self.op, self.target, self.header, &step)
@@ -280,11 +268,7 @@ fn add_to_header(
         let input = snapshot_add_input(snap, snap_id);
         let mut steps = Vec::with_capacity(2);
         if let Some(assert) = &assert {
-            steps.push(WriteStep::Exec {
-                class: "lock",
-                method: "assert_locked",
-                input: assert,
-            });
+            steps.push(WriteStep::lock("assert_locked", assert));
         }
         steps.push(WriteStep::rbd("snapshot_add", &input));
         let added = io.write_op(op, target, header, &steps);

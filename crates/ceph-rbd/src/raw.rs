@@ -1038,7 +1038,7 @@ impl IoCtx<'_> {
         Ok(Watch {
             io: self,
             handle,
-            ctx,
+            _ctx: ctx,
         })
     }
 
@@ -1604,7 +1604,8 @@ struct WatchCtx {
 pub(crate) struct Watch<'a> {
     io: &'a IoCtx<'a>,
     handle: u64,
-    ctx: Box<WatchCtx>,
+    /// The callbacks' argument, kept alive until the watch is unregistered.
+    _ctx: Box<WatchCtx>,
 }
 
 impl Watch<'_> {
@@ -1625,7 +1626,6 @@ impl Drop for Watch<'_> {
             }
             ffi::rados_watch_flush(ffi::rados_ioctx_get_cluster(self.io.handle));
         }
-        let _ = &self.ctx;
     }
 }
 
@@ -1671,6 +1671,15 @@ impl<'a> WriteStep<'a> {
     pub(crate) fn rbd(method: &'a str, input: &'a [u8]) -> Self {
         WriteStep::Exec {
             class: "rbd",
+            method,
+            input,
+        }
+    }
+
+    /// A call of the `lock` object class's `method` (inputs: [`crate::cls_lock`]).
+    pub(crate) fn lock(method: &'a str, input: &'a [u8]) -> Self {
+        WriteStep::Exec {
+            class: "lock",
             method,
             input,
         }
