@@ -403,14 +403,7 @@ pub async fn run_driver(
         label: driver.label.clone(),
         ..DriverResult::default()
     };
-    let source = ctl
-        .create_volume(driver.volume_request("bench-snap-source", None))
-        .await
-        .map_err(|s| anyhow::anyhow!("{}: creating the source: {s:?}", driver.label))?
-        .into_inner()
-        .volume
-        .context("no volume in the answer")?
-        .volume_id;
+    let source = new_volume(driver, &mut ctl, "bench-snap-source").await?;
 
     eprintln!(
         "{}: {n} CreateSnapshot of one source, one at a time",
@@ -487,7 +480,34 @@ pub async fn run_driver(
     let (driver_s, ceph_s) = before.until(&Samples::take(driver, ceph)?);
     result.concurrent_driver_ms = driver_s * 1000.0 / n as f64;
     result.concurrent_ceph_ms = ceph_s * 1000.0 / n as f64;
-    for snapshot_id in ids {
+    delete_all(driver, &mut ctl, ids, source).await?;
+    Ok(result)
+}
+
+/// A new volume named `name` (not measured); its ID.
+async fn new_volume(
+    driver: &Driver,
+    ctl: &mut ControllerClient<Channel>,
+    name: &str,
+) -> anyhow::Result<String> {
+    Ok(ctl
+        .create_volume(driver.volume_request(name, None))
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: creating volume {name}: {s:?}", driver.label))?
+        .into_inner()
+        .volume
+        .context("no volume in the answer")?
+        .volume_id)
+}
+
+/// Deletes `snapshots`, then `volume` (not measured).
+async fn delete_all(
+    driver: &Driver,
+    ctl: &mut ControllerClient<Channel>,
+    snapshots: Vec<String>,
+    volume: String,
+) -> anyhow::Result<()> {
+    for snapshot_id in snapshots {
         ctl.delete_snapshot(csi::DeleteSnapshotRequest {
             snapshot_id,
             secrets: driver.secrets.clone(),
@@ -496,12 +516,12 @@ pub async fn run_driver(
         .map_err(|s| anyhow::anyhow!("{}: DeleteSnapshot: {s:?}", driver.label))?;
     }
     ctl.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: source,
+        volume_id: volume,
         secrets: driver.secrets.clone(),
     })
     .await
-    .map_err(|s| anyhow::anyhow!("{}: deleting the source: {s:?}", driver.label))?;
-    Ok(result)
+    .map_err(|s| anyhow::anyhow!("{}: deleting a source: {s:?}", driver.label))?;
+    Ok(())
 }
 
 /// The flatness pairs: a fresh source, then [`GROUP`] pairs of CreateSnapshot, one of the fresh
@@ -519,14 +539,7 @@ async fn flatness_pairs(
         "{}: {GROUP} CreateSnapshot of a fresh source interleaved with {GROUP} of the source with {n}",
         driver.label
     );
-    let fresh = ctl
-        .create_volume(driver.volume_request("bench-snap-fresh", None))
-        .await
-        .map_err(|s| anyhow::anyhow!("{}: creating the fresh source: {s:?}", driver.label))?
-        .into_inner()
-        .volume
-        .context("no volume in the answer")?
-        .volume_id;
+    let fresh = new_volume(driver, ctl, "bench-snap-fresh").await?;
     let mut made = Vec::with_capacity(2 * GROUP);
     for i in 0..GROUP {
         let order = if i % 2 == 0 {
@@ -554,21 +567,7 @@ async fn flatness_pairs(
             );
         }
     }
-    for snapshot_id in made {
-        ctl.delete_snapshot(csi::DeleteSnapshotRequest {
-            snapshot_id,
-            secrets: driver.secrets.clone(),
-        })
-        .await
-        .map_err(|s| anyhow::anyhow!("{}: DeleteSnapshot: {s:?}", driver.label))?;
-    }
-    ctl.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: fresh,
-        secrets: driver.secrets.clone(),
-    })
-    .await
-    .map_err(|s| anyhow::anyhow!("{}: deleting the fresh source: {s:?}", driver.label))?;
-    Ok(())
+    delete_all(driver, ctl, made, fresh).await
 }
 
 /// N CreateSnapshot calls, [`CONCURRENCY`] in flight; ABORTED answers are retried after 100 ms
