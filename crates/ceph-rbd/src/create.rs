@@ -272,6 +272,7 @@ pub(crate) fn create_plain(
         undo_id();
         return Err(e);
     }
+    crate::steps::hit(crate::steps::CREATE_AFTER_HEADER, target);
     if features & OBJECT_MAP != 0 {
         let mut resize = size.div_ceil(1u64 << order).to_le_bytes().to_vec();
         resize.push(0); // OBJECT_NONEXISTENT

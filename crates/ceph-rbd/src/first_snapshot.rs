@@ -131,15 +131,18 @@ fn snapshot_steps(
 /// open, without building an image context (whose read of the header reads every snapshot the
 /// image has, four object-class calls each). In order:
 ///
-/// 1. nobody answers a header-update notification (anyone who does has the image open:
-///    librbd's snapshot quiesces them and asks the lock's owner for it);
-/// 2. with [`Under::ExclusiveLock`], a watch on the header, and `rbd_lock` locked exclusively
+/// 1. with [`Under::ExclusiveLock`], a watch on the header, and `rbd_lock` locked exclusively
 ///    with librbd's tag and a cookie naming the watch (`auto <handle>`), as librbd and the
 ///    kernel client lock it: whoever opens the image now sees a live owner and asks it for the
 ///    lock (answered with nothing, they retry) instead of breaking it; taken by somebody
 ///    already (`EBUSY`): left to librbd;
+/// 2. nobody but this client answers a header-update notification (anyone who does has the
+///    image open: librbd's snapshot quiesces them and asks the lock's owner for it); under
+///    the lock, the answer holds until step 4;
 /// 3. the snapshot's steps (module text), the header write asserting the lock if held;
-/// 4. unlocked, unwatched, and a header-update notification for anyone who opened it meanwhile.
+/// 4. a header-update notification for anyone who opened it meanwhile, then (with the lock)
+///    unlocked and unwatched: the notification goes first, so that a client waiting for the
+///    lock has the new snapshot context before it can write.
 ///
 /// # Errors
 /// `AlreadyExists` when a snapshot of that name exists, Ceph errors.
@@ -156,28 +159,48 @@ pub(crate) fn take(
     if features.bits() & !HANDLED.bits() != 0 {
         return Ok(Taken::LeftToLibrbd);
     }
-    // an empty notification is the header update librbd and the kernel client acknowledge:
-    // whoever answers has the image open, and librbd's snapshot quiesces and locks for them
-    if io.notify_watchers(op, target, &header, NOTIFY_TIMEOUT_MS)? > 0 {
+    // An empty notification is the header update librbd and the kernel client acknowledge:
+    // whoever answers has the image open, and librbd's snapshot quiesces and locks for them.
+    // Under the lock, the probe comes after the lock is taken, so that its answer holds until
+    // the snapshot is written: a client that opens the image after it finds the lock owned
+    // and waits (librbd and krbd ask the owner, and retry) until the lock goes.
+    if under == Under::Nothing && io.notify_watchers(op, target, &header, NOTIFY_TIMEOUT_MS)? > 0 {
         return Ok(Taken::LeftToLibrbd);
     }
     let lock = if under == Under::ExclusiveLock {
-        match HeaderLock::take(io, op, target, &header)? {
-            Some(lock) => Some(lock),
-            None => return Ok(Taken::LeftToLibrbd),
+        let Some(lock) = HeaderLock::take(io, op, target, &header)? else {
+            return Ok(Taken::LeftToLibrbd);
+        };
+        if lock.others_watch()? {
+            lock.release()?;
+            return Ok(Taken::LeftToLibrbd);
         }
+        crate::steps::hit(crate::steps::SNAPSHOT_LOCKED, target);
+        Some(lock)
     } else {
         None
     };
     let cookie = lock.as_ref().map(|lock| lock.cookie.as_str());
     let taken = snapshot_steps(io, op, target, id, features, snap, cookie);
+    // The header-update notification goes out while the lock (and its watch) is still held,
+    // as librbd notifies before its snapshot completes: a client that opened or mapped the
+    // image meanwhile re-reads the header, and with it the new snapshot context, before it
+    // can take the lock and write. Notified after the unlock, it could write with its old
+    // context first, and the OSDs would keep no copy for the snapshot: not point-in-time.
+    let notified = match &taken {
+        Ok(Taken::Snapshot(_)) => io
+            .notify_watchers(op, target, &header, NOTIFY_TIMEOUT_MS)
+            .map(drop),
+        _ => Ok(()),
+    };
+    let locked = lock.is_some();
     let released = lock.map_or(Ok(()), HeaderLock::release);
-    let taken = taken?;
-    released?;
-    if taken != Taken::LeftToLibrbd {
-        // for anyone who opened the image since the check above
-        io.notify_watchers(op, target, &header, NOTIFY_TIMEOUT_MS)?;
+    if locked {
+        crate::steps::hit(crate::steps::SNAPSHOT_UNLOCKED, target);
     }
+    let taken = taken?;
+    notified?;
+    released?;
     Ok(taken)
 }
 
@@ -217,6 +240,15 @@ impl<'a> HeaderLock<'a> {
             Err(Error::Busy { .. }) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether a client other than this one watches the header: more than one watcher (this
+    /// lock's own watch among them) answers a header-update notification.
+    fn others_watch(&self) -> Result<bool, Error> {
+        let watchers =
+            self.io
+                .notify_watchers(self.op, self.target, self.header, NOTIFY_TIMEOUT_MS)?;
+        Ok(watchers > 1)
     }
 
     /// Unlocks, then unwatches: in this order, as a lock whose owner no longer watches is one
@@ -431,6 +463,139 @@ mod tests {
             let _ = self.0.kill();
             let _ = self.0.wait();
         }
+    }
+
+    /// Point-in-time under the lock: a librbd client that opens the source after the watcher
+    /// probe (while the lock is held, before the snapshot is written) and writes a marker
+    /// waits for the lock; the header-update notification reaches it before the lock is
+    /// released, so it writes with the new snapshot context and the OSDs keep the snapshot's
+    /// copy. The pause after the release gives the writer every chance to write before
+    /// anything else happens: notified only after the release (as this code once did), its
+    /// write lands inside the snapshot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_opens_the_source_under_the_lock_writes_after_the_snapshot() {
+        use std::io::BufRead;
+        use std::sync::mpsc;
+        use std::sync::{Arc, Mutex};
+        use std::time::Duration;
+        const MARKER: &str = "written-after-the-snapshot";
+        let c = micro_ceph::cluster();
+        let cluster = crate::cluster::test_cluster().await;
+        let (pool, image, spec) = image_with_data(&cluster, "pit-snap").await;
+
+        let (at_tx, at_rx) = mpsc::channel::<&'static str>();
+        let (resume_tx, resume_rx) = mpsc::channel::<()>();
+        let resume_rx = Mutex::new(resume_rx);
+        let paused = spec.clone();
+        let _hook = crate::steps::install(Arc::new(move |step, target| {
+            if target == paused
+                && (step == crate::steps::SNAPSHOT_LOCKED
+                    || step == crate::steps::SNAPSHOT_UNLOCKED)
+            {
+                at_tx.send(step).unwrap();
+                resume_rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(120))
+                    .unwrap();
+            }
+        }));
+        let taking = {
+            let (cluster, pool, image) = (Arc::clone(&cluster), pool.clone(), image.clone());
+            tokio::spawn(async move {
+                take_by(&cluster, &pool, &image, "s1", Under::ExclusiveLock).await
+            })
+        };
+        let (writer_pool, writer_image) = (pool.clone(), image.clone());
+        tokio::task::spawn_blocking(move || {
+            let wait = Duration::from_secs(60);
+            assert_eq!(
+                at_rx.recv_timeout(wait).unwrap(),
+                crate::steps::SNAPSHOT_LOCKED
+            );
+            let mut writer = Reaped(
+                std::process::Command::new("/usr/bin/python3")
+                    .args(["-c", WRITER])
+                    .arg(&c.conf_path)
+                    .args([&writer_pool, &writer_image, MARKER])
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+            let (lines_tx, lines) = mpsc::channel();
+            let stdout = writer.0.stdout.take().unwrap();
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(stdout).lines() {
+                    let _ = lines_tx.send(line.unwrap_or_default());
+                }
+            });
+            assert_eq!(lines.recv_timeout(wait).unwrap(), "opened");
+            resume_tx.send(()).unwrap();
+            assert_eq!(
+                at_rx.recv_timeout(wait).unwrap(),
+                crate::steps::SNAPSHOT_UNLOCKED
+            );
+            assert_eq!(
+                lines.recv_timeout(wait).unwrap(),
+                "written",
+                "the writer wrote once the lock was released"
+            );
+            resume_tx.send(()).unwrap();
+            assert!(writer.0.wait().unwrap().success());
+        })
+        .await
+        .unwrap();
+        let taken = taking.await.unwrap().unwrap();
+        assert!(matches!(taken, Taken::Snapshot(_)), "{taken:?}");
+
+        let head = read_at(c, &pool, &image, None, MARKER.len());
+        assert_eq!(head, MARKER, "the head has the write");
+        let snap = read_at(c, &pool, &image, Some("s1"), MARKER.len());
+        assert_ne!(snap, MARKER, "the write made after the snapshot is in it");
+        c.rbd(&["object-map", "check", &format!("{spec}@s1")])
+            .unwrap();
+        cluster.snap_remove(&pool, &image, "s1").await.unwrap();
+        cluster.remove_image(&pool, &image).await.unwrap();
+    }
+
+    /// A librbd client (python-rbd): opens `pool/image`, says `opened`, writes its marker at
+    /// offset 0, says `written`.
+    const WRITER: &str = "import sys, rados, rbd
+c = rados.Rados(conffile=sys.argv[1]); c.connect()
+io = c.open_ioctx(sys.argv[2])
+with rbd.Image(io, sys.argv[3]) as img:
+    print('opened', flush=True)
+    img.write(sys.argv[4].encode(), 0)
+    print('written', flush=True)
+";
+
+    /// `len` bytes at offset 0 of `pool/image` (at `snap`), read by python-rbd.
+    fn read_at(
+        c: &micro_ceph::MicroCeph,
+        pool: &str,
+        image: &str,
+        snap: Option<&str>,
+        len: usize,
+    ) -> String {
+        const READ: &str = "import sys, rados, rbd
+c = rados.Rados(conffile=sys.argv[1]); c.connect()
+io = c.open_ioctx(sys.argv[2])
+snap = sys.argv[4] or None
+with rbd.Image(io, sys.argv[3], snapshot=snap, read_only=True) as img:
+    sys.stdout.write(img.read(0, int(sys.argv[5])).decode('latin1'))
+";
+        let out = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", READ])
+            .arg(&c.conf_path)
+            .args([pool, image, snap.unwrap_or(""), &len.to_string()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// librbd's exclusive lock as [`take`] holds it: a separate librbd client that

@@ -47,6 +47,7 @@ mod pool;
 mod probe;
 mod raw;
 mod remove;
+pub mod steps;
 
 pub use clone::{CloneJob, CloneRecord, Cloned, ImageFacts};
 pub use cluster::{

@@ -25,6 +25,7 @@ fn main() {
     init_logging(&cli.log);
     // librados' and librbd's threads run in this process: if one crashes, say where
     crash_report::install("rbd-provisioner");
+    cli::crashpoint::install_ceph_steps();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -25,6 +25,11 @@
 //! - `after-volume-clone`: a restored or cloned image exists, the source's protection
 //!   finalizer is still on and no PV is saved;
 //!
+//! the Ceph layer's steps between the RADOS writes it makes without librbd (`ceph_rbd::steps`,
+//! installed by [`install_ceph_steps`]): `ceph-create-after-header`, `ceph-clone-after-header`,
+//! `ceph-clone-after-parent-attach`, `ceph-clone-after-child-attach`, `ceph-snapshot-locked`,
+//! `ceph-snapshot-unlocked`;
+//!
 //! and the provisioning library's steps (`provisioner::Config::step_hook`): `before-pv-save`,
 //! `after-pv-save`, `before-pv-delete`, `after-pv-delete`, `before-pv-resize`, `after-pv-resize`,
 //! `before-modify` (the claim's modification is `InProgress`, the backend not called) and
@@ -68,6 +73,16 @@ fn configured() -> Option<&'static CrashAt> {
         })
     })
     .as_ref()
+}
+
+/// Makes the Ceph layer's steps (`ceph_rbd::steps`: between the RADOS writes of a create,
+/// clone or snapshot made without librbd) crash points too, when a crash point is configured.
+pub fn install_ceph_steps() {
+    static INSTALLED: OnceLock<ceph_rbd::steps::Installed> = OnceLock::new();
+    if configured().is_some() {
+        INSTALLED
+            .get_or_init(|| ceph_rbd::steps::install(std::sync::Arc::new(|step, _| hit(step))));
+    }
 }
 
 /// Aborts the process if the crash point `step` is configured and this is its `n`-th hit.
