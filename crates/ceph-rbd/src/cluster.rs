@@ -519,17 +519,18 @@ impl Cluster {
                     Err(e) => return Err(e),
                 };
                 // no header: a partial image (a create killed midway) has no parent
-                let (pool_id, namespace, image_id) =
-                    match crate::header::parent(&io, op, &target, &id) {
-                        Ok(Some(parent)) => parent,
-                        Ok(None) => return Ok(None),
-                        Err(e) if e.is_not_found() => return Ok(None),
-                        Err(e) => return Err(e),
-                    };
-                let parent_pool =
-                    crate::namespace::pool_spec(&rados.pool_name(pool_id)?, &namespace);
+                let parent = match crate::header::parent(&io, op, &target, &id) {
+                    Ok(Some(parent)) => parent,
+                    Ok(None) => return Ok(None),
+                    Err(e) if e.is_not_found() => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                let parent_pool = crate::namespace::pool_spec(
+                    &rados.pool_name(parent.pool_id)?,
+                    &parent.namespace,
+                );
                 let parent_io = rados.ioctx(&parent_pool)?;
-                match crate::header::image_name(&parent_io, op, &target, &image_id) {
+                match crate::header::image_name(&parent_io, op, &target, &parent.image_id) {
                     Ok(parent) => Ok(Some((parent_pool, parent))),
                     Err(e) if e.is_not_found() => Ok(None),
                     Err(e) => Err(e),

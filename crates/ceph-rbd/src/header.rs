@@ -82,14 +82,23 @@ pub(crate) fn size(
         .ok_or_else(|| malformed(op, target, "get_size"))
 }
 
-/// The parent of the image whose ID is `id` (`parent_get`: pool ID, namespace, image ID),
-/// `None` for an image without one (or a class too old to say).
+/// The parent recorded on a clone's header (`parent_get`'s `ParentImageSpec`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HeaderParent {
+    pub(crate) pool_id: i64,
+    pub(crate) namespace: String,
+    pub(crate) image_id: String,
+    pub(crate) snap_id: u64,
+}
+
+/// The parent of the image whose ID is `id` (`parent_get`: pool ID, namespace, image ID,
+/// snapshot ID), `None` for an image without one (or a class too old to say).
 pub(crate) fn parent(
     io: &IoCtx<'_>,
     op: &'static str,
     target: &str,
     id: &str,
-) -> Result<Option<(i64, String, String)>, Error> {
+) -> Result<Option<HeaderParent>, Error> {
     let out = match io.exec(
         op,
         target,
@@ -102,16 +111,23 @@ pub(crate) fn parent(
         Err(Error::Other { errno, .. }) if errno == libc::EOPNOTSUPP => return Ok(None),
         Err(e) => return Err(e),
     };
-    // ENCODE_START(1, 1): version, compatible version, length; then the spec
-    let mut r = Reader(&out);
-    let spec = r
-        .u8()
-        .and_then(|_| r.u8())
-        .and_then(|_| r.u32())
-        .and_then(|_| Some((r.i64()?, r.string()?, r.string()?)))
-        .ok_or_else(|| malformed(op, target, "parent_get"))?;
-    // no parent: pool -1
-    Ok((spec.0 >= 0).then_some(spec))
+    decode_parent(&out).ok_or_else(|| malformed(op, target, "parent_get"))
+}
+
+/// `parent_get`'s answer: ENCODE_START(1, 1) (version, compatible version, length), then
+/// pool ID, namespace, image ID, snapshot ID; pool -1 when there is no parent.
+fn decode_parent(out: &[u8]) -> Option<Option<HeaderParent>> {
+    let mut r = Reader(out);
+    r.u8()?;
+    r.u8()?;
+    r.u32()?;
+    let parent = HeaderParent {
+        pool_id: r.i64()?,
+        namespace: r.string()?,
+        image_id: r.string()?,
+        snap_id: r.u64()?,
+    };
+    Some((parent.pool_id >= 0).then_some(parent))
 }
 
 /// The name of the image whose ID is `id`, from the directory of `io`'s namespace; not found

@@ -47,6 +47,7 @@ mod pool;
 mod probe;
 mod raw;
 mod remove;
+mod repair;
 pub mod steps;
 
 pub use clone::{CloneJob, CloneRecord, Cloned, ImageFacts};
@@ -63,3 +64,4 @@ pub use namespace::{pool_spec, split_pool_spec};
 pub use plain_clone::cloned_without_librbd;
 pub use pool::{ConnectionPool, PoolOptions};
 pub use remove::removed_without_librbd;
+pub use repair::ChildLink;

@@ -129,7 +129,12 @@ fn parent_attach_input(pool_id: i64, namespace: &str, parent: &ParentSnap) -> Ve
 
 /// `child_attach`'s input: the snapshot ID and the versioned `ChildImageSpec` (version 2:
 /// pool ID, image ID, namespace).
-fn child_attach_input(snap_id: u64, pool_id: i64, namespace: &str, child_id: &str) -> Vec<u8> {
+pub(crate) fn child_attach_input(
+    snap_id: u64,
+    pool_id: i64,
+    namespace: &str,
+    child_id: &str,
+) -> Vec<u8> {
     let mut spec = Vec::new();
     spec.extend_from_slice(&pool_id.to_le_bytes());
     put_bytes(&mut spec, child_id.as_bytes());
@@ -186,6 +191,7 @@ pub(crate) fn clone(
         Plain::Created(id) => id,
         Plain::No(why) => return Ok(Cloned::LeftToLibrbd(why)),
     };
+    crate::steps::hit(crate::steps::CLONE_AFTER_HEADER, target);
     match attach(parent_io, parent, io, op, target, &id) {
         Ok(()) => {
             CLONED_PLAIN.fetch_add(1, Ordering::Relaxed);
@@ -225,6 +231,7 @@ fn attach(
             WriteStep::rbd("op_features_set", &op_features),
         ],
     )?;
+    crate::steps::hit(crate::steps::CLONE_AFTER_PARENT_ATTACH, target);
     let child = child_attach_input(parent.snap_id, io.pool_id(), io.namespace(), id);
     parent_io.write_op(
         op,
@@ -232,6 +239,7 @@ fn attach(
         &format!("rbd_header.{}", parent.image_id),
         &[WriteStep::rbd("child_attach", &child)],
     )?;
+    crate::steps::hit(crate::steps::CLONE_AFTER_CHILD_ATTACH, target);
     let metadata: Vec<(String, String)> =
         header::metadata(parent_io, op, target, &parent.image_id)?
             .into_iter()

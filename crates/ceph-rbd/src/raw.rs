@@ -1504,6 +1504,15 @@ impl Image<'_> {
         check(rc, "flatten image", &self.target).map(drop)
     }
 
+    /// Rebuilds the object map from the objects that exist (librbd's `rbd object-map
+    /// rebuild`), clearing its invalid flags.
+    pub(crate) fn rebuild_object_map(&self) -> Result<(), Error> {
+        // SAFETY: open image; progress callback required by the C wrapper.
+        let rc =
+            unsafe { ffi::rbd_rebuild_object_map(self.handle, Some(no_progress), ptr::null_mut()) };
+        check(rc, "rebuild object map", &self.target).map(drop)
+    }
+
     /// The snapshots this image carries for group snapshots (group namespace), which
     /// [`Image::snap_list`] leaves out.
     pub(crate) fn group_snaps(&self) -> Result<Vec<ImageGroupSnap>, Error> {

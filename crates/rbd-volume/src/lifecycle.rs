@@ -185,7 +185,8 @@ pub struct NewImage<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Created,
-    /// A half-created image (id object, no header) was removed and the image created again.
+    /// A half-created image (an id object without header; a clone cut before its parent was
+    /// recorded) was removed and the image made again.
     Recreated,
     /// Already there with this volume's owner record.
     Reused,
@@ -289,6 +290,10 @@ pub async fn ensure(
                         });
                     }
                 };
+                // A create cut between the header and the object map (ours and librbd's
+                // write them in that order) left an image whose object map krbd would find
+                // invalid and refuse writes with: rebuilt from the objects that exist.
+                cluster.repair_missing_object_map(pool, image).await?;
                 let size = fit_existing(cluster, new).await?;
                 break Ensured { outcome, size };
             }

@@ -80,8 +80,12 @@ pub const META_SNAPSHOT_SOURCE: &str = "provisioner.ceph.com/snapshot-source";
 /// a snapshot image is no PV's image, and must not read as a cut-short volume record.
 pub const META_SNAPSHOT_DRIVER: &str = "provisioner.ceph.com/snapshot-driver";
 /// Image metadata: how many parents the image has above it (as created; flattening an
-/// ancestor makes it an over-estimate, which only flattens earlier).
+/// ancestor makes it an over-estimate, which only flattens earlier). [`FLAT`] is written before
+/// a flatten starts: a clone without a parent and without it is one cut short before its
+/// parent was recorded (it holds none of its source's data), never a flattened one.
 pub const META_DEPTH: &str = "provisioner.ceph.com/chain-depth";
+/// [`META_DEPTH`] of an image that is flattened, or being flattened.
+pub const FLAT: &str = "0";
 /// Volume metadata: the snapshot or volume ID it was created from.
 pub const META_CONTENT_SOURCE: &str = "provisioner.ceph.com/content-source";
 /// Internal image metadata: set when the volume core moves the image to the RBD trash until its
@@ -344,17 +348,37 @@ pub async fn create_snapshot(
     let (pool, image) = (new.pool, new.image);
     let recorded = match own_metadata(cluster, pool, image).await {
         Ok(meta) => {
-            if let Some(existing) = SnapshotOwner::from_metadata(&meta)
+            let existing = SnapshotOwner::from_metadata(&meta.own);
+            if let Some(existing) = &existing
                 && (existing.name != new.owner.name || existing.source != new.owner.source)
             {
                 return Err(SnapshotError::OtherSnapshot {
                     pool: pool.to_owned(),
                     image: image.to_owned(),
-                    existing: Box::new(existing),
+                    existing: Box::new(existing.clone()),
                     wanted: Box::new(new.owner.clone()),
                 });
             }
-            meta
+            let parent = (pool, new.source_image);
+            match check_clone(cluster, pool, image, parent, &meta, existing.is_some()).await? {
+                Health::Sound => meta.own,
+                Health::HalfMade(why) => {
+                    // cloned again from the source, which must still be there
+                    match cluster.image_info(pool, new.source_image).await {
+                        Ok(_) => {}
+                        Err(e) if e.is_not_found() => {
+                            return Err(SnapshotError::NotFound(format!(
+                                "source volume {pool}/{}",
+                                new.source_image
+                            )));
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                    remove_half_made(cluster, pool, image, why).await?;
+                    clone_from_source(cluster, new).await?;
+                    BTreeMap::new()
+                }
+            }
         }
         Err(e) if e.is_not_found() => {
             clone_from_source(cluster, new).await?;
@@ -573,6 +597,16 @@ pub(crate) const NOT_A_VOLUME: [(&str, &str); 3] = [
     (crate::owner::META_PV, ""),
 ];
 
+/// An image's metadata without what it inherited ([`own_metadata`]).
+struct Split {
+    /// Its own keys: those that differ from its parent's, and all of them without a parent.
+    own: BTreeMap<String, String>,
+    /// The parent's keys the image does not have at all: librbd copies a parent's metadata as
+    /// the last step of a clone, so a clone cut before it lacks them (an encrypted volume's
+    /// key among them).
+    uncopied: Vec<(String, String)>,
+}
+
 /// The metadata of `pool/image` without what it inherited: librbd copies a parent's metadata
 /// into a clone, so a clone cut before its own record carries its parent's (which must read as
 /// no record, not as another volume's). Keys equal to the parent's count as inherited.
@@ -580,8 +614,9 @@ async fn own_metadata(
     cluster: &Cluster,
     pool: &str,
     image: &str,
-) -> Result<BTreeMap<String, String>, ceph_rbd::Error> {
+) -> Result<Split, ceph_rbd::Error> {
     let mut meta = cluster.metadata_list(pool, image).await?;
+    let mut uncopied = Vec::new();
     if let Some(parent) = cluster.parent(pool, image).await? {
         // A parent in the trash (a snapshot deleted between a crashed restore and its retry)
         // is read by its ID.
@@ -599,9 +634,129 @@ async fn own_metadata(
             Err(e) if e.is_not_found() => BTreeMap::new(),
             Err(e) => return Err(e),
         };
+        uncopied = inherited
+            .iter()
+            .filter(|(key, _)| !meta.contains_key(*key))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
         meta.retain(|key, value| inherited.get(key) != Some(value));
     }
-    Ok(meta)
+    Ok(Split {
+        own: meta,
+        uncopied,
+    })
+}
+
+/// What [`check_clone`] found.
+#[derive(Debug)]
+enum Health {
+    /// A clone of the expected parent, counted as its child (repaired where it was not), or a
+    /// flattened one.
+    Sound,
+    /// Cut short before its parent was recorded: it holds none of the source's data.
+    HalfMade(&'static str),
+}
+
+/// Checks the image `pool/image` found on a retry, which should be a clone of `parent`
+/// (`pool spec`, `image`) or a flattened one, before it is reused or adopted: librbd's clone
+/// (and ours) writes the new image's header before it records the parent on it, counts it as
+/// the parent snapshot's child, and copies the parent's metadata, so a clone cut short can
+/// miss each. Without its parent it is empty (unless [`FLAT`] says a flatten began: then it
+/// holds the data); a missing child entry is added again (`child_attach`) and, on an image
+/// without its record (`recorded` false: cut before it), missing parent metadata copied, as
+/// librbd's clone would have finished. A parent other than the expected one is refused.
+async fn check_clone(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    parent: (&str, &str),
+    meta: &Split,
+    recorded: bool,
+) -> Result<Health, SnapshotError> {
+    let Some(found) = cluster.parent(pool, image).await? else {
+        return Ok(
+            if meta.own.get(META_DEPTH).map(String::as_str) == Some(FLAT) {
+                Health::Sound
+            } else {
+                Health::HalfMade("it has no parent and was never flattened")
+            },
+        );
+    };
+    if found.pool_spec() != parent.0 || found.image != parent.1 {
+        return Err(SnapshotError::OtherContent {
+            pool: pool.to_owned(),
+            image: image.to_owned(),
+            existing: format!("{}/{}@{}", found.pool_spec(), found.image, found.snap),
+            wanted: format!("{}/{}", parent.0, parent.1),
+        });
+    }
+    if cluster.ensure_child_listed(pool, image).await? == ceph_rbd::ChildLink::Unlisted {
+        // its parent snapshot is deleted and does not count it: it could be purged under it
+        tracing::warn!(
+            pool,
+            image,
+            "a clone not counted by its deleted parent snapshot; flattening it to keep its data"
+        );
+        flatten_marked(cluster, pool, image, false).await?;
+    }
+    if !recorded && !meta.uncopied.is_empty() {
+        tracing::warn!(
+            pool,
+            image,
+            keys = meta.uncopied.len(),
+            "copying the parent's metadata that a clone cut short did not copy"
+        );
+        cluster
+            .metadata_set_many(pool, image, meta.uncopied.clone(), None)
+            .await?;
+    }
+    Ok(Health::Sound)
+}
+
+/// Removes the half-made clone `pool/image` ([`Health::HalfMade`]) so that it is made again.
+async fn remove_half_made(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    why: &str,
+) -> Result<(), SnapshotError> {
+    tracing::warn!(
+        pool,
+        image,
+        why,
+        "found a clone cut short by an interrupted attempt; removing it and cloning it again"
+    );
+    match cluster.remove_image(pool, image).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The parent (`pool spec`, `image`) the volume `new` is a clone of: the snapshot image, or
+/// its own clone intermediate in the source's pool.
+fn expected_parent<'a>(new: &NewClone<'a>) -> (&'a str, String) {
+    match new.source {
+        Source::Snapshot { pool, image } => (pool, image.to_owned()),
+        Source::Volume { pool, .. } => (pool, clone_intermediate_name(new.pool, new.image)),
+    }
+}
+
+/// Whether `new`'s source is still there to clone again: [`SnapshotError::NotFound`] if not.
+async fn source_present(cluster: &Cluster, new: &NewClone<'_>) -> Result<(), SnapshotError> {
+    match new.source {
+        Source::Snapshot { pool, image } => find_snapshot(cluster, pool, image)
+            .await?
+            .map(drop)
+            .ok_or_else(|| SnapshotError::NotFound(format!("snapshot {pool}/{image}"))),
+        Source::Volume { pool, image } => match cluster.image_info(pool, image).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Err(SnapshotError::NotFound(format!(
+                "source volume {pool}/{image}"
+            ))),
+            Err(e) => Err(e.into()),
+        },
+    }
 }
 
 pub(crate) fn missing_entries(
@@ -644,9 +799,11 @@ async fn bound_depth(
     recorded: Option<&String>,
 ) -> Result<u32, Error> {
     let parent = cluster.parent(pool, image).await?;
+    // a flatten that began earlier (FLAT is written before it) and has not finished
+    let flattening = recorded.map(String::as_str) == Some(FLAT);
     let recorded_depth = recorded
         .and_then(|d| d.parse::<u32>().ok())
-        .filter(|d| *d <= MAX_CHAIN_DEPTH);
+        .filter(|d| (1..=MAX_CHAIN_DEPTH).contains(d));
     if let (Some(_), Some(bounded)) = (&parent, recorded_depth) {
         // bounded when it was made (its own depth is written only then): a retry of a finished
         // restore whose snapshot went to the trash since does not flatten it
@@ -654,6 +811,7 @@ async fn bound_depth(
     }
     let depth = match &parent {
         None => 0,
+        Some(_) if flattening => MAX_CHAIN_DEPTH + 1,
         Some(parent) if parent.in_trash => MAX_CHAIN_DEPTH + 1,
         Some(parent) => depth(cluster, &parent.pool_spec(), &parent.image).await? + 1,
     };
@@ -665,12 +823,12 @@ async fn bound_depth(
             max = MAX_CHAIN_DEPTH,
             "flattening a deep clone"
         );
-        cluster.flatten(pool, image).await?;
+        flatten_marked(cluster, pool, image, flattening).await?;
         if let Some(parent) = parent.filter(|p| p.in_trash) {
             // it may have been the trashed image's last clone
             purge_trash(cluster, &parent.pool_spec()).await?;
         }
-        0
+        return Ok(0);
     } else {
         depth
     };
@@ -681,6 +839,22 @@ async fn bound_depth(
             .await?;
     }
     Ok(depth)
+}
+
+/// Flattens `pool/image`, with [`FLAT`] recorded first (unless `marked` says it is already):
+/// a retry that finds the image without its parent then knows it holds its data, and one that
+/// finds the flatten unfinished resumes it.
+async fn flatten_marked(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    marked: bool,
+) -> Result<(), Error> {
+    if !marked {
+        cluster.metadata_set(pool, image, META_DEPTH, FLAT).await?;
+    }
+    cluster.flatten(pool, image).await?;
+    Ok(())
 }
 
 /// The snapshot `pool/image@image` with its record; `None` when the image, its record or its
@@ -786,6 +960,8 @@ async fn remove_internal(
         Err(ceph_rbd::Error::HasDependents { .. }) => {
             // Restored volumes hang off its (now trashed) snapshot. Nothing in the trash may
             // hold a parent (its parent could then never be deleted): flatten it first.
+            // Not marked FLAT: it leaves the directory for the trash, where no retry finds
+            // it by name, and its restores compare their inherited depth with its own.
             if cluster.parent(pool, image).await?.is_some() {
                 cluster.flatten(pool, image).await?;
             }
@@ -918,8 +1094,9 @@ pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensur
     }
     let (pool, image) = (new.pool, new.image);
     let (recorded, outcome) = match own_metadata(cluster, pool, image).await {
-        Ok(meta) => {
-            let outcome = match ownership(&meta, &new.owner.pv, &new.owner.kube_cluster) {
+        Ok(split) => {
+            let meta = &split.own;
+            let outcome = match ownership(meta, &new.owner.pv, &new.owner.kube_cluster) {
                 Ownership::Foreign(owner) => {
                     return Err(Error::Foreign {
                         pool: pool.to_owned(),
@@ -942,7 +1119,18 @@ pub async fn clone_volume(cluster: &Cluster, new: &NewClone<'_>) -> Result<Ensur
                     wanted: new.source_id.to_owned(),
                 });
             }
-            (meta, outcome)
+            let recorded = outcome == Outcome::Reused;
+            let (parent_pool, parent_image) = expected_parent(new);
+            let parent = (parent_pool, parent_image.as_str());
+            match check_clone(cluster, pool, image, parent, &split, recorded).await? {
+                Health::Sound => (split.own, outcome),
+                Health::HalfMade(why) => {
+                    source_present(cluster, new).await?;
+                    remove_half_made(cluster, pool, image, why).await?;
+                    make_clone(cluster, new).await?;
+                    (BTreeMap::new(), Outcome::Recreated)
+                }
+            }
         }
         Err(e) if e.is_not_found() => {
             make_clone(cluster, new).await?;
@@ -1274,8 +1462,7 @@ async fn release_dependents(cluster: &Cluster, pool: &str, image: &str) -> Resul
                 parent = image,
                 "flattening a snapshot image so its source can be deleted"
             );
-            cluster.flatten(pool, &child).await?;
-            cluster.metadata_set(pool, &child, META_DEPTH, "0").await?;
+            flatten_marked(cluster, pool, &child, false).await?;
         }
     }
     Ok(())

@@ -1,0 +1,492 @@
+//! Images an interrupted attempt left half-made, found again by the retry, against a private
+//! Ceph cluster: each state built by hand (an image of the right name with a header and no
+//! parent, with and without its record; a volume without its object map) or left by a crash
+//! at each step of a clone made without librbd (`ceph_rbd::steps`: after the header, after
+//! `parent_attach`, after `child_attach`; the crash is a panic in the Ceph call, which skips
+//! every undo, as a killed process would). The retry must end with the source's bytes (a
+//! digest of `rbd export`), valid object maps (`rbd object-map check`) and the parent
+//! snapshot counting the clone as a child (`rbd children`); never an empty restore or
+//! snapshot reported done.
+
+use std::sync::Arc;
+
+use ceph_rbd::{ClusterConfig, ConnectionPool, CreateOptions, Features, PoolOptions, Secret};
+use rbd_volume::owner::{META_CLAIM, META_PROVISIONER, META_PV};
+use rbd_volume::snapshot::{META_CONTENT_SOURCE, snapshot_image_name};
+use rbd_volume::{
+    Claimant, Deleted, Ensured, Fit, Hooks, NewClone, NewImage, NewSnapshot, Outcome, Owner,
+    Snapshot, SnapshotOwner, Source,
+};
+use sha2::{Digest, Sha256};
+
+const MIB: u64 = 1 << 20;
+const SIZE: u64 = 16 * MIB;
+const DRIVER: &str = "rbd.provisioner.ceph.io";
+
+async fn cluster() -> Arc<ceph_rbd::Cluster> {
+    let ceph = micro_ceph::cluster();
+    let pool = ConnectionPool::new(PoolOptions::default());
+    pool.get(&ClusterConfig::new(
+        &ceph.monitors,
+        "admin",
+        Secret::new(ceph.admin_key.clone()),
+    ))
+    .await
+    .unwrap()
+}
+
+fn pool() -> &'static str {
+    &micro_ceph::cluster().pool
+}
+
+fn spec(image: &str) -> String {
+    format!("{}/{image}", pool())
+}
+
+/// The features the provisioner's classes ask for by default, all of which the RADOS-level
+/// create, clone and snapshot handle.
+fn plain() -> CreateOptions {
+    CreateOptions {
+        features: Some(
+            Features::parse("layering,exclusive-lock,object-map,fast-diff,deep-flatten").unwrap(),
+        ),
+        ..CreateOptions::default()
+    }
+}
+
+/// Writes `text` at `offset` of `image` through python-rbd (librbd, not our code).
+fn write(image: &str, offset: u64, text: &str) {
+    let ceph = micro_ceph::cluster();
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import sys, rados, rbd
+c = rados.Rados(conffile=sys.argv[1]); c.connect()
+io = c.open_ioctx(sys.argv[2])
+with rbd.Image(io, sys.argv[3]) as img:
+    img.write(sys.argv[5].encode(), int(sys.argv[4]))
+",
+        ])
+        .arg(&ceph.conf_path)
+        .args([pool(), image, &offset.to_string(), text])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// SHA-256 of `rbd export` of `at` (`image` or `image@snap`).
+fn digest(at: &str) -> String {
+    let ceph = micro_ceph::cluster();
+    let dir = std::env::temp_dir().join(format!("half-made-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(at.replace(['/', '@'], "_"));
+    let _ = std::fs::remove_file(&file);
+    ceph.rbd(&["export", "--no-progress", &spec(at), file.to_str().unwrap()])
+        .unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    rbd_volume::hex(&Sha256::digest(&bytes)[..])
+}
+
+fn object_map_check(image: &str) {
+    let ceph = micro_ceph::cluster();
+    ceph.rbd(&["object-map", "check", &spec(image)])
+        .unwrap_or_else(|e| panic!("rbd object-map check {image}: {e}"));
+    let info = ceph
+        .rbd(&["info", "--format", "json", &spec(image)])
+        .unwrap();
+    assert!(info.contains("\"flags\":[]"), "{image}: {info}");
+}
+
+/// Whether `rbd children --all` of `parent@snap` (trashed snapshots included) lists `image`.
+fn is_child(parent: &str, image: &str) -> bool {
+    let children = micro_ceph::cluster()
+        .rbd(&["children", "--all", "--format", "json", &spec(parent)])
+        .unwrap();
+    children.contains(&format!("\"image\":\"{image}\""))
+}
+
+fn owner(pv: &str) -> Owner {
+    Owner {
+        pv: pv.into(),
+        claim: format!("ns/{pv}"),
+        provisioner: DRIVER.into(),
+        kube_cluster: String::new(),
+    }
+}
+
+fn volume_id(image: &str) -> String {
+    format!("v1/{}/{}/{image}", micro_ceph::cluster().monitors, pool())
+}
+
+async fn ensure(cluster: &ceph_rbd::Cluster, image: &str) -> Result<Ensured, rbd_volume::Error> {
+    rbd_volume::ensure(
+        cluster,
+        &NewImage {
+            pool: pool(),
+            image,
+            size: SIZE,
+            options: &plain(),
+            owner: &owner(image),
+            fit: Fit::Grow,
+        },
+        &Hooks::default(),
+    )
+    .await
+}
+
+fn snapshot_owner(source: &str, name: &str) -> SnapshotOwner {
+    SnapshotOwner {
+        name: name.into(),
+        source: volume_id(source),
+        driver: DRIVER.into(),
+        kube_cluster: String::new(),
+    }
+}
+
+async fn snapshot(
+    cluster: &ceph_rbd::Cluster,
+    source: &str,
+    name: &str,
+) -> Result<Snapshot, rbd_volume::SnapshotError> {
+    rbd_volume::create_snapshot(
+        cluster,
+        &NewSnapshot {
+            pool: pool(),
+            source_image: source,
+            image: &snapshot_image_name(name),
+            owner: &snapshot_owner(source, name),
+        },
+    )
+    .await
+}
+
+fn source_id(snap: &Snapshot) -> String {
+    format!("snapshot {}", snap.image)
+}
+
+async fn restore(
+    cluster: &ceph_rbd::Cluster,
+    image: &str,
+    snap: &Snapshot,
+) -> Result<Ensured, rbd_volume::SnapshotError> {
+    let id = source_id(snap);
+    rbd_volume::clone_volume(
+        cluster,
+        &NewClone {
+            pool: pool(),
+            image,
+            size: SIZE,
+            options: &CreateOptions::default(),
+            owner: &owner(image),
+            fit: Fit::Within {
+                required: SIZE,
+                limit: 0,
+            },
+            source: Source::Snapshot {
+                pool: &snap.pool,
+                image: &snap.image,
+            },
+            source_id: &id,
+            driver: DRIVER,
+        },
+    )
+    .await
+}
+
+async fn delete_volume(cluster: &ceph_rbd::Cluster, image: &str) {
+    let deleted = rbd_volume::delete_volume(
+        cluster,
+        pool(),
+        image,
+        &Claimant::image(),
+        &Hooks::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(deleted, Deleted::Removed, "{image}");
+}
+
+async fn delete_snapshot(cluster: &ceph_rbd::Cluster, snap: &Snapshot) {
+    rbd_volume::delete_snapshot(cluster, pool(), &snap.image)
+        .await
+        .unwrap();
+}
+
+/// A crash (a panic in the Ceph call, no undo) the first time `step` is reached for `image`,
+/// until dropped.
+fn crash_at(step: &'static str, image: &str) -> ceph_rbd::steps::Installed {
+    let target = spec(image);
+    let crashed = std::sync::atomic::AtomicBool::new(false);
+    ceph_rbd::steps::install(Arc::new(move |reached, at| {
+        if reached == step
+            && at == target
+            && !crashed.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("crash injected at {step} for {target}");
+        }
+    }))
+}
+
+/// A source volume with data in two objects; its digest.
+async fn source_with_data(cluster: &ceph_rbd::Cluster, image: &str) -> String {
+    ensure(cluster, image).await.unwrap();
+    write(image, 0, &format!("the bytes of {image}"));
+    write(image, 9 * MIB, "and more of them");
+    digest(image)
+}
+
+const CLONE_STEPS: [&str; 3] = [
+    ceph_rbd::steps::CLONE_AFTER_HEADER,
+    ceph_rbd::steps::CLONE_AFTER_PARENT_ATTACH,
+    ceph_rbd::steps::CLONE_AFTER_CHILD_ATTACH,
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_cut_at_each_step_of_its_clone_is_completed_with_the_snapshots_bytes() {
+    let cluster = cluster().await;
+    let source = "half-restore-src";
+    let want = source_with_data(&cluster, source).await;
+    let snap = snapshot(&cluster, source, "half-restore-snap")
+        .await
+        .unwrap();
+    // the source changes after the snapshot: a restore must not see it
+    write(source, 0, "written after the snapshot");
+
+    for (n, step) in CLONE_STEPS.into_iter().enumerate() {
+        let image = format!("half-restore-{n}");
+        {
+            let _crash = crash_at(step, &image);
+            let first = restore(&cluster, &image, &snap).await;
+            assert!(first.is_err(), "{step}: {first:?}");
+        }
+        // what the crash left
+        let parent = cluster.parent(pool(), &image).await.unwrap();
+        assert_eq!(
+            parent.is_some(),
+            step != ceph_rbd::steps::CLONE_AFTER_HEADER,
+            "{step}"
+        );
+        assert_eq!(
+            is_child(&snap.image, &image),
+            step == ceph_rbd::steps::CLONE_AFTER_CHILD_ATTACH,
+            "{step}"
+        );
+
+        let again = restore(&cluster, &image, &snap).await.unwrap();
+        let outcome = if step == ceph_rbd::steps::CLONE_AFTER_HEADER {
+            Outcome::Recreated
+        } else {
+            Outcome::Adopted
+        };
+        assert_eq!(
+            again,
+            Ensured {
+                outcome,
+                size: SIZE
+            },
+            "{step}"
+        );
+        assert_eq!(
+            digest(&image),
+            want,
+            "{step}: the restore holds the snapshot's bytes"
+        );
+        object_map_check(&image);
+        assert!(is_child(&snap.image, &image), "{step}: counted as a child");
+        // a second retry reuses it as it is
+        let reused = restore(&cluster, &image, &snap).await.unwrap();
+        assert_eq!(reused.outcome, Outcome::Reused);
+        delete_volume(&cluster, &image).await;
+    }
+    delete_snapshot(&cluster, &snap).await;
+    delete_volume(&cluster, source).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_cut_at_each_step_of_its_clone_is_completed_at_its_point_in_time() {
+    let cluster = cluster().await;
+    let source = "half-snap-src";
+    source_with_data(&cluster, source).await;
+
+    for (n, step) in CLONE_STEPS.into_iter().enumerate() {
+        let want = digest(source);
+        let name = format!("half-snap-{n}");
+        let image = snapshot_image_name(&name);
+        {
+            let _crash = crash_at(step, &image);
+            let first = snapshot(&cluster, source, &name).await;
+            assert!(first.is_err(), "{step}: {first:?}");
+        }
+        // the source is written between the crash and the retry: the retry completes the
+        // snapshot the first attempt took (its temporary snapshot), without this write
+        write(source, 0, "written between the crash and the retry");
+        let snap = snapshot(&cluster, source, &name).await.unwrap();
+        assert_eq!(snap.owner, snapshot_owner(source, &name));
+        assert_eq!(
+            digest(&format!("{image}@{image}")),
+            want,
+            "{step}: the snapshot holds the source's bytes when it was taken"
+        );
+        object_map_check(&image);
+        let restored = format!("half-snap-restored-{n}");
+        restore(&cluster, &restored, &snap).await.unwrap();
+        assert_eq!(digest(&restored), want, "{step}: its restore too");
+        delete_volume(&cluster, &restored).await;
+        delete_snapshot(&cluster, &snap).await;
+        assert!(!cluster.image_exists(pool(), &image).await.unwrap());
+    }
+    delete_volume(&cluster, source).await;
+}
+
+/// An image of the restore's (or snapshot image's) name, size and features, made by hand
+/// without a parent, as a clone cut after its header leaves it; with `record`, the record the
+/// retry would otherwise write itself (`entries`).
+async fn header_without_parent(cluster: &ceph_rbd::Cluster, image: &str, record: &[(&str, &str)]) {
+    cluster
+        .create_image(pool(), image, SIZE, &plain())
+        .await
+        .unwrap();
+    if !record.is_empty() {
+        let entries = record
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        cluster
+            .metadata_set_many(pool(), image, entries, None)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_or_snapshot_found_without_its_parent_is_made_again_not_adopted_empty() {
+    let cluster = cluster().await;
+    let source = "parentless-src";
+    let want = source_with_data(&cluster, source).await;
+    let snap = snapshot(&cluster, source, "parentless-snap").await.unwrap();
+    assert_eq!(digest(&format!("{0}@{0}", snap.image)), want);
+
+    // restores: a header without parent, without and with the volume's record
+    for (n, recorded) in [false, true].into_iter().enumerate() {
+        let image = format!("parentless-restore-{n}");
+        let owner = owner(&image);
+        let id = source_id(&snap);
+        let mut record = owner.entries();
+        record.push((META_CONTENT_SOURCE, &id));
+        header_without_parent(&cluster, &image, if recorded { &record } else { &[] }).await;
+        let restored = restore(&cluster, &image, &snap).await.unwrap();
+        assert_eq!(restored.outcome, Outcome::Recreated, "recorded: {recorded}");
+        assert_eq!(
+            digest(&image),
+            want,
+            "recorded: {recorded}: the restore holds the snapshot's bytes"
+        );
+        object_map_check(&image);
+        assert!(is_child(&snap.image, &image));
+        delete_volume(&cluster, &image).await;
+    }
+
+    // snapshot images: the same, without and with the snapshot's record
+    for (n, recorded) in [false, true].into_iter().enumerate() {
+        let name = format!("parentless-snap-{n}");
+        let image = snapshot_image_name(&name);
+        let snapshot_owner = snapshot_owner(source, &name);
+        let mut record = vec![(META_PROVISIONER, "-"), (META_CLAIM, ""), (META_PV, "")];
+        record.extend(snapshot_owner.entries());
+        header_without_parent(&cluster, &image, if recorded { &record } else { &[] }).await;
+        let taken = snapshot(&cluster, source, &name).await.unwrap();
+        assert_eq!(
+            digest(&format!("{image}@{image}")),
+            want,
+            "recorded: {recorded}: the snapshot holds the source's bytes"
+        );
+        object_map_check(&image);
+        let restored = format!("parentless-snap-restored-{n}");
+        restore(&cluster, &restored, &taken).await.unwrap();
+        assert_eq!(digest(&restored), want);
+        delete_volume(&cluster, &restored).await;
+        delete_snapshot(&cluster, &taken).await;
+    }
+
+    // without its source there is nothing to clone again: refused, and the image is kept
+    let orphan = "parentless-orphan";
+    header_without_parent(&cluster, orphan, &[]).await;
+    delete_snapshot(&cluster, &snap).await;
+    let refused = restore(&cluster, orphan, &snap).await.unwrap_err();
+    assert!(
+        matches!(refused, rbd_volume::SnapshotError::NotFound(_)),
+        "{refused}"
+    );
+    assert!(cluster.image_exists(pool(), orphan).await.unwrap());
+    cluster.remove_image(pool(), orphan).await.unwrap();
+    delete_volume(&cluster, source).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_found_without_its_object_map_gets_it_rebuilt_from_its_objects() {
+    let cluster = cluster().await;
+    let ceph = micro_ceph::cluster();
+
+    // a create cut between the header and the object map
+    let cut = "no-map-cut";
+    {
+        let _crash = crash_at(ceph_rbd::steps::CREATE_AFTER_HEADER, cut);
+        assert!(ensure(&cluster, cut).await.is_err());
+    }
+    let object_map = format!("rbd_object_map.{}", image_id(cut));
+    assert!(
+        ceph.rados(&["-p", pool(), "stat", &object_map]).is_err(),
+        "the crash left no object map"
+    );
+    let again = ensure(&cluster, cut).await.unwrap();
+    assert_eq!(again.outcome, Outcome::Adopted);
+    object_map_check(cut);
+    write(cut, 5 * MIB, "written after the repair");
+    object_map_check(cut);
+    delete_volume(&cluster, cut).await;
+
+    // a volume with data whose object map object is gone
+    let lost = "no-map-lost";
+    let want = source_with_data(&cluster, lost).await;
+    let object_map = format!("rbd_object_map.{}", image_id(lost));
+    ceph.rados(&["-p", pool(), "rm", &object_map]).unwrap();
+    let again = ensure(&cluster, lost).await.unwrap();
+    assert_eq!(again.outcome, Outcome::Reused);
+    object_map_check(lost);
+    assert_eq!(
+        digest(lost),
+        want,
+        "rebuilt from the objects: every byte kept"
+    );
+
+    // opened by librbd meanwhile, which makes an empty map and flags it invalid
+    ceph.rados(&["-p", pool(), "rm", &object_map]).unwrap();
+    write(lost, 12 * MIB, "written through the invalid map");
+    let want = digest(lost);
+    let info = ceph
+        .rbd(&["info", "--format", "json", &spec(lost)])
+        .unwrap();
+    assert!(info.contains("object map invalid"), "{info}");
+    let again = ensure(&cluster, lost).await.unwrap();
+    assert_eq!(again.outcome, Outcome::Reused);
+    object_map_check(lost);
+    assert_eq!(digest(lost), want);
+    delete_volume(&cluster, lost).await;
+}
+
+/// The ID of `image`, from `rbd info`.
+fn image_id(image: &str) -> String {
+    let info = micro_ceph::cluster()
+        .rbd(&["info", "--format", "json", &spec(image)])
+        .unwrap();
+    info.split("\"id\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned()
+}
