@@ -244,11 +244,16 @@ impl<'a> HeaderLock<'a> {
 
     /// Whether a client other than this one watches the header: more than one watcher (this
     /// lock's own watch among them) answers a header-update notification.
-    fn others_watch(&self) -> Result<bool, Error> {
+    pub(crate) fn others_watch(&self) -> Result<bool, Error> {
         let watchers =
             self.io
                 .notify_watchers(self.op, self.target, self.header, NOTIFY_TIMEOUT_MS)?;
         Ok(watchers > 1)
+    }
+
+    /// Unwatches without unlocking: for a header that was removed, and its lock with it.
+    pub(crate) fn forget(mut self) {
+        self.watch.take();
     }
 
     /// Unlocks, then unwatches: in this order, as a lock whose owner no longer watches is one

@@ -7,7 +7,11 @@
 //! data pool, no striping, nobody watching) removal is a fixed sequence of object operations,
 //! the one librbd's `image::RemoveRequest` performs after its checks:
 //!
+//! 0. with exclusive-lock, take librbd's exclusive lock on the header (as librbd's remove
+//!    does), then check that nobody else watches it;
 //! 1. remove the data objects (those the object map marks, or every object of the image);
+//!    with the lock, check again that nobody watches (a client that opened the image
+//!    meanwhile waits for the lock: the removal is then left to librbd, which refuses it);
 //! 2. remove the header `rbd_header.<id>`, then the object map `rbd_object_map.<id>`;
 //! 3. remove the ID object `rbd_id.<name>` and the `rbd_directory` entry.
 //!
@@ -26,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::denc::{Reader, malformed, put_bytes};
 use crate::error::Error;
+use crate::first_snapshot::HeaderLock;
 use crate::header::{NOSNAP, object_map_name};
 use crate::raw::IoCtx;
 
@@ -42,6 +47,7 @@ pub fn removed_without_librbd() -> u64 {
 /// operations such as clone or group membership, migrating, non-primary, dirty cache, and
 /// any bit a later Ceph adds) leaves the image to librbd.
 const PLAIN_FEATURES: u64 = 1 | 4 | 8 | 16 | 32;
+const EXCLUSIVE_LOCK: u64 = 4;
 const OBJECT_MAP: u64 = 8;
 /// `RBD_FLAG_OBJECT_MAP_INVALID`: the object map can't be trusted; every object may exist.
 const FLAG_OBJECT_MAP_INVALID: u64 = 1;
@@ -209,9 +215,27 @@ pub(crate) fn remove_plain(
     if !(12..=25).contains(&order) {
         return Ok(Plain::No("its object size is out of range"));
     }
-    if io.notify_watchers(op, target, &header, PROBE_TIMEOUT_MS)? != 0 {
-        return Ok(Plain::No("it is watched"));
-    }
+    // With exclusive-lock, the removal holds librbd's exclusive lock from the probe on, as
+    // librbd's RemoveRequest does: a client that opens the image after the probe finds the
+    // lock owned and waits, instead of writing objects the removal would never see (a leak
+    // nothing lists); it is found by a second probe before the header goes. Without the
+    // feature, librbd's remove has nothing to hold either: the probe alone.
+    let mut lock = if features & EXCLUSIVE_LOCK != 0 {
+        let Some(lock) = HeaderLock::take(io, op, target, &header)? else {
+            return Ok(Plain::No("its exclusive lock is held"));
+        };
+        if lock.others_watch()? {
+            lock.release()?;
+            return Ok(Plain::No("it is watched"));
+        }
+        Some(lock)
+    } else {
+        if io.notify_watchers(op, target, &header, PROBE_TIMEOUT_MS)? != 0 {
+            return Ok(Plain::No("it is watched"));
+        }
+        None
+    };
+    crate::steps::hit(crate::steps::REMOVE_PROBED, target);
 
     let count = size.div_ceil(1u64 << order);
     let mapped = if features & OBJECT_MAP != 0 {
@@ -237,7 +261,24 @@ pub(crate) fn remove_plain(
         None => io.remove_objects(op, target, (0..count).map(data), WINDOW)?,
     };
 
+    crate::steps::hit(crate::steps::REMOVE_AFTER_DATA, target);
+    // A client that opened the image meanwhile waits for the lock: the header stays (its lock
+    // request would create a bare one again), the removal goes to librbd, which refuses it
+    // while the client watches (naming it); the image is whole, with fewer data objects.
+    if let Some(held) = &lock
+        && held.others_watch()?
+    {
+        if let Some(held) = lock.take() {
+            held.release()?;
+        }
+        return Ok(Plain::No("a client opened it while it was being removed"));
+    }
     io.remove_object(op, target, &header)?;
+    // the lock was on the header: gone with it
+    if let Some(lock) = lock {
+        lock.forget();
+    }
+    crate::steps::hit(crate::steps::REMOVE_AFTER_HEADER, target);
     io.remove_object(op, target, &object_map_name(id, NOSNAP))?;
     io.remove_object(op, target, &format!("rbd_id.{name}"))?;
     let mut entry = Vec::new();

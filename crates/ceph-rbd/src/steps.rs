@@ -11,6 +11,9 @@
 //! | [`CLONE_AFTER_CHILD_ATTACH`] | the clone listed as a child; the parent's metadata not copied yet |
 //! | [`SNAPSHOT_LOCKED`] | a source's exclusive lock held for its temporary snapshot; no snapshot yet |
 //! | [`SNAPSHOT_UNLOCKED`] | that snapshot taken, its watchers told, the lock released |
+//! | [`REMOVE_PROBED`] | a plain image to remove: its exclusive lock held (with exclusive-lock), nobody else watching; nothing removed |
+//! | [`REMOVE_AFTER_DATA`] | its data objects removed; header, object map, ID object and directory entry left |
+//! | [`REMOVE_AFTER_HEADER`] | its header removed; object map, ID object and directory entry left (a partial image) |
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,14 +32,24 @@ pub const SNAPSHOT_LOCKED: &str = "ceph-snapshot-locked";
 /// That snapshot taken (or not: an error), the watchers told, the lock released.
 pub const SNAPSHOT_UNLOCKED: &str = "ceph-snapshot-unlocked";
 
+/// A plain removal without librbd: locked and probed, nothing removed yet.
+pub const REMOVE_PROBED: &str = "ceph-remove-probed";
+/// A plain removal without librbd, after the data objects.
+pub const REMOVE_AFTER_DATA: &str = "ceph-remove-after-data";
+/// A plain removal without librbd, after the header.
+pub const REMOVE_AFTER_HEADER: &str = "ceph-remove-after-header";
+
 /// Every step, for documentation and for checking a configured step name.
-pub const ALL: [&str; 6] = [
+pub const ALL: [&str; 9] = [
     CREATE_AFTER_HEADER,
     CLONE_AFTER_HEADER,
     CLONE_AFTER_PARENT_ATTACH,
     CLONE_AFTER_CHILD_ATTACH,
     SNAPSHOT_LOCKED,
     SNAPSHOT_UNLOCKED,
+    REMOVE_PROBED,
+    REMOVE_AFTER_DATA,
+    REMOVE_AFTER_HEADER,
 ];
 
 /// A hook: called with the step and the image it is reached for (`pool/image`).

@@ -744,3 +744,111 @@ async fn a_temporary_snapshot_is_trashed_after_a_clone_without_librbd_and_goes_w
     }
     cluster.remove_image(&pool, &source).await.unwrap();
 }
+
+/// A librbd client that opens a plain image with exclusive-lock after the removal's watcher
+/// probe (paused there: `ceph_rbd::steps::REMOVE_PROBED`) and writes: it finds the lock the
+/// removal holds, as librbd's own remove holds it, and waits; the removal sees it before the
+/// header goes and leaves the image, whole, to librbd (which takes the lock from the client
+/// once it has written and closed, or refuses while it watches); no object is left. With the
+/// probe alone, the client wrote while the data objects were being removed, and its data
+/// object outlived the header (a leak nothing lists).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_opens_an_image_being_removed_leaves_no_object_behind() {
+    use std::io::BufRead;
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    let _turn = COUNTER.lock().await;
+    let spec = pool_name();
+    let name = unique("remove-locked");
+    create(&spec, &name, 16 * MIB, &with_features(PLAIN_FULL)).await;
+    scatter_writes(&spec, &name);
+    let cluster = connect().await;
+    let id = cluster.image_info(&spec, &name).await.unwrap().id;
+
+    let (at_tx, at_rx) = mpsc::channel::<()>();
+    let (resume_tx, resume_rx) = mpsc::channel::<()>();
+    let resume_rx = Mutex::new(resume_rx);
+    let paused = format!("{spec}/{name}");
+    let _hook = ceph_rbd::steps::install(Arc::new(move |step, target| {
+        if step == ceph_rbd::steps::REMOVE_PROBED && target == paused {
+            at_tx.send(()).unwrap();
+            resume_rx
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap();
+        }
+    }));
+    let before = removed_without_librbd();
+    let removing = {
+        let (cluster, spec, name) = (Arc::clone(&cluster), spec.clone(), name.clone());
+        tokio::spawn(async move { cluster.remove_image(&spec, &name).await })
+    };
+    let (writer_spec, writer_name) = (spec.clone(), name.clone());
+    let (writer, lines) = tokio::task::spawn_blocking(move || {
+        let wait = Duration::from_secs(60);
+        at_rx.recv_timeout(wait).unwrap();
+        let ceph = micro_ceph::cluster();
+        let mut writer = std::process::Command::new("/usr/bin/python3")
+            .args([
+                "-c",
+                "import sys, rados, rbd
+c = rados.Rados(conffile=sys.argv[1]); c.connect()
+io = c.open_ioctx(sys.argv[2])
+with rbd.Image(io, sys.argv[3]) as img:
+    print('opened', flush=True)
+    img.write(b'x' * 4096, 15 << 20)
+    print('written', flush=True)
+",
+            ])
+            .arg(&ceph.conf_path)
+            .args([&writer_spec, &writer_name])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = writer.stdout.take().unwrap();
+        let (lines_tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let _ = lines_tx.send(line.unwrap_or_default());
+            }
+        });
+        assert_eq!(lines.recv_timeout(wait).unwrap(), "opened");
+        // the writer asks for the lock (or writes, without it): the removal goes on
+        resume_tx.send(()).unwrap();
+        (writer, lines)
+    })
+    .await
+    .unwrap();
+    let removed = tokio::time::timeout(Duration::from_secs(60), removing)
+        .await
+        .expect("the removal finished")
+        .unwrap();
+    assert_eq!(
+        removed_without_librbd(),
+        before,
+        "the removal noticed the client and left the image to librbd"
+    );
+    // librbd asks the writer for the lock: the writer writes into the image, which still
+    // exists, closes it, and librbd removes it with the writer's data; or librbd finds it
+    // still watched and refuses, naming it
+    let mut writer = writer;
+    let (status, said) = tokio::task::spawn_blocking(move || {
+        let status = writer.wait().unwrap();
+        (status, lines.try_iter().collect::<Vec<String>>())
+    })
+    .await
+    .unwrap();
+    assert!(
+        status.success() && said.contains(&"written".to_string()),
+        "{said:?}"
+    );
+    match removed {
+        Ok(()) => {}
+        Err(Error::InUse { .. }) => cluster.remove_image(&spec, &name).await.unwrap(),
+        Err(e) => panic!("{e}"),
+    }
+    assert!(!cluster.image_exists(&spec, &name).await.unwrap());
+    assert_eq!(objects(&spec, &id), Vec::<String>::new(), "left behind");
+}
