@@ -45,6 +45,7 @@ fn publish_status(e: PublishError) -> Status {
         PublishError::Incompatible { .. } => Status::already_exists(e.to_string()),
         PublishError::InvalidNode(_) => Status::invalid_argument(e.to_string()),
         PublishError::BadRecord { .. } => Status::internal(e.to_string()),
+        PublishError::Contended { .. } => Status::aborted(e.to_string()),
     }
 }
 
