@@ -367,6 +367,65 @@ fn spawn_fast(h: &Harness) -> support::Process {
     )
 }
 
+/// kubelet unstages before the attach/detach controller detaches: a claim deleted with its pod
+/// is released while its VolumeAttachment still exists. The image must outlive the
+/// VolumeAttachment (external-provisioner's rule), with an event saying what it waits for.
+#[tokio::test]
+async fn a_released_volume_is_not_deleted_while_a_volume_attachment_names_it() {
+    let h = Harness::start().await;
+    let _p = spawn_fast(&h);
+    h.create_class("held", &h.params(), "Delete").await;
+    h.create_claim("held-data", "held", "8Mi", false).await;
+    let (_, pv) = h.wait_bound("held-data").await;
+    let pv_name = pv.metadata.name.clone().unwrap();
+    let image = Harness::image_name(&pv);
+    let _guard = ImageGuard(Some(image.clone()));
+    create_csi_node(&h, "node-a").await;
+    let vas: Api<VolumeAttachment> = Api::all(h.client.clone());
+    create_attachment(&h, "va-held", "node-a", &pv_name).await;
+    h.until("va-held attached", WAIT, || async {
+        let va = vas.get("va-held").await.unwrap();
+        va.status.as_ref().is_some_and(|s| s.attached).then_some(())
+    })
+    .await;
+
+    h.claims()
+        .delete("held-data", &DeleteParams::default())
+        .await
+        .unwrap();
+    let message = h
+        .wait_event_containing(&pv_name, "VolumeFailedDelete", &["still attached"])
+        .await;
+    assert!(
+        message.starts_with(&format!(
+            "persistentvolume {pv_name} is still attached to node node-a"
+        )),
+        "{message}"
+    );
+    // the deletion is retried (every 200 ms to 1 s) and keeps waiting
+    h.until("a retry of the deletion", WAIT, || async {
+        let events = h.events_for(&pv_name).await;
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("VolumeFailedDelete") && e.count.unwrap_or(1) > 1)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        h.images().contains(&image),
+        "the image was removed while its VolumeAttachment exists"
+    );
+    assert!(h.volumes().get_opt(&pv_name).await.unwrap().is_some());
+    assert_eq!(published_nodes(&h, &image), ["node-a"]);
+
+    // the detach: then the volume goes
+    vas.delete("va-held", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(&pv_name).await;
+    assert!(!h.images().contains(&image), "the image outlived its PV");
+}
+
 /// A PV with `ReadWriteOnce` and `ReadOnlyMany` (made elsewhere or by an older version):
 /// Kubernetes would attach it to several nodes; no node gets it read-write, as external-attacher
 /// refuses it outright.

@@ -7,6 +7,11 @@
 //! - The StorageClass is never needed: the backend reads what it needs from the PV.
 //! - A backend refusal (volume in use) is a `VolumeFailedDelete` Warning and a retry with
 //!   backoff; the PV stays.
+//! - With [`crate::Config::wait_for_detach`] (the default) the backend is not asked while a
+//!   VolumeAttachment names the PV (kubelet unstages before the attach/detach controller
+//!   detaches, seconds later): a `VolumeFailedDelete` Warning in external-provisioner's words
+//!   ("persistentvolume P is still attached to node N") and a retry, at once when the
+//!   VolumeAttachment goes. Until the VolumeAttachments are listed, deletions wait too.
 //! - Decisions made on the (possibly stale) cache are confirmed with a fresh read before the
 //!   backend is called, so a finished deletion is not repeated.
 //! - Each step is idempotent, so a restart anywhere converges (the backend treats an
@@ -14,6 +19,7 @@
 
 use std::time::Instant;
 
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
@@ -54,6 +60,11 @@ pub(super) async fn sync_volume(shared: &Shared, name: &str) -> Result<(), Retry
 async fn delete(shared: &Shared, volume: &PersistentVolume, name: &str) -> Result<(), Retry> {
     if !shared.provisioner.should_delete(volume) {
         return Ok(());
+    }
+    if let Some(why) = attached_to(shared, name) {
+        tracing::info!(volume = name, reason = %why, "deletion waits for a detach");
+        shared.event(volume, EventType::Warning, VOLUME_FAILED_DELETE, &why);
+        return Err(Retry);
     }
     let class = volume
         .spec
@@ -99,6 +110,33 @@ async fn delete(shared: &Shared, volume: &PersistentVolume, name: &str) -> Resul
         remove_finalizer(shared, name).await?;
     }
     Ok(())
+}
+
+/// Why PV `name`'s volume must not be deleted yet: a VolumeAttachment names it (the node it
+/// is attached to), or the VolumeAttachments are not listed yet. `None` to go ahead (also when
+/// [`crate::Config::wait_for_detach`] is off).
+fn attached_to(shared: &Shared, name: &str) -> Option<String> {
+    let store = shared.attachments.as_ref()?;
+    if store.wait_until_ready().now_or_never().is_none() {
+        return Some(format!(
+            "persistentvolume {name} may still be attached: VolumeAttachments are not listed yet \
+             (the provisioner needs list and watch on storage.k8s.io volumeattachments)"
+        ));
+    }
+    let mut nodes: Vec<String> = store
+        .state()
+        .iter()
+        .filter(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name))
+        .map(|va| va.spec.node_name.clone())
+        .collect();
+    nodes.sort();
+    (!nodes.is_empty()).then(|| {
+        format!(
+            "persistentvolume {name} is still attached to node {}: its volume is deleted once \
+             the VolumeAttachment is gone (detached)",
+            nodes.join(", ")
+        )
+    })
 }
 
 /// Removes our finalizer from the current PV (read fresh; the write is conditional on its
