@@ -386,7 +386,10 @@ async fn repair_stale(
         };
         for node in &s.nodes {
             match publish::unpublish(cluster, &s.pool, &s.image, Some(node)).await {
-                Ok(_) => println!("unpublished {}/{} from node {node}", s.pool, s.image),
+                Ok(publish::Unpublished::Removed) => {
+                    println!("unpublished {}/{} from node {node}", s.pool, s.image);
+                }
+                Ok(_) => println!("{}/{} no longer published to node {node}", s.pool, s.image),
                 Err(e) => {
                     failed += 1;
                     eprintln!(
@@ -455,17 +458,36 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
         );
     }
     let unpublish_failed = repair_stale(&client, &scanned.published, args.delete).await?;
+    let remove_failed =
+        report_orphans(&client, &scanned.orphans, args.delete, &kube_cluster).await?;
+    let mut failures = Vec::new();
+    if remove_failed > 0 {
+        failures.push(format!("{remove_failed} orphaned image(s)"));
+    }
+    if unpublish_failed > 0 {
+        failures.push(format!("{unpublish_failed} stale publication(s)"));
+    }
     anyhow::ensure!(
-        unpublish_failed == 0,
-        "{unpublish_failed} stale publication(s) could not be removed"
+        failures.is_empty(),
+        "{} could not be removed",
+        failures.join(" and ")
     );
-    let found = scanned.orphans;
+    Ok(())
+}
+
+/// Lists the orphans; with `delete`, removes them. Returns how many could not be removed.
+async fn report_orphans(
+    client: &Client,
+    found: &Found,
+    delete: bool,
+    kube_cluster: &str,
+) -> anyhow::Result<usize> {
     if found.is_empty() {
         println!("no orphaned images");
-        return Ok(());
+        return Ok(0);
     }
     println!("{:<20} {:<50} {:<45} CLAIM", "POOL", "IMAGE", "PV (gone)");
-    for (o, _) in &found {
+    for (o, _) in found {
         let (pv, claim) = match &o.what {
             What::Volume(None) => ("<no owner record>", String::new()),
             What::Volume(Some(w)) if w.pv.is_empty() => ("<record cut short>", w.claim.clone()),
@@ -481,19 +503,14 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
         };
         println!("{:<20} {:<50} {:<45} {claim}", o.pool, o.image, pv);
     }
-    if !args.delete {
+    if !delete {
         println!(
             "{} orphaned image(s); run with --delete to remove them",
             found.len()
         );
-        return Ok(());
+        return Ok(0);
     }
-    let failed = remove(&client, &found, &kube_cluster).await?;
-    anyhow::ensure!(
-        failed == 0,
-        "{failed} orphaned image(s) could not be removed"
-    );
-    Ok(())
+    remove(client, found, kube_cluster).await
 }
 
 /// Removes the orphans, each checked once more; returns how many could not be removed.
