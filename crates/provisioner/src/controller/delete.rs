@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 
-use super::{Retry, Shared, error_chain};
+use super::{Retry, Shared, Work, error_chain};
 use crate::events::EventType;
 use crate::pv::{self, FINALIZER, VolumeDecision};
 use crate::volume::DeleteError;
@@ -61,9 +61,13 @@ async fn delete(shared: &Shared, volume: &PersistentVolume, name: &str) -> Resul
     if !shared.provisioner.should_delete(volume) {
         return Ok(());
     }
-    if let Some(why) = attached_to(shared, name) {
-        tracing::info!(volume = name, reason = %why, "deletion waits for a detach");
-        shared.event(volume, EventType::Warning, VOLUME_FAILED_DELETE, &why);
+    if let Some(wait) = attached_to(shared, name) {
+        tracing::info!(volume = name, reason = %wait.why, "deletion waits for a detach");
+        // not listed yet at the first try is the moment after a start: no Warning for that
+        let first = shared.queue.failures(&Work::Volume(name.to_owned())) == 0;
+        if wait.listed || !first {
+            shared.event(volume, EventType::Warning, VOLUME_FAILED_DELETE, &wait.why);
+        }
         return Err(Retry);
     }
     let class = volume
@@ -112,16 +116,26 @@ async fn delete(shared: &Shared, volume: &PersistentVolume, name: &str) -> Resul
     Ok(())
 }
 
+/// Why a deletion waits.
+struct Wait {
+    why: String,
+    /// The VolumeAttachments are listed (`false`: not yet, so the PV may be attached).
+    listed: bool,
+}
+
 /// Why PV `name`'s volume must not be deleted yet: a VolumeAttachment names it (the node it
 /// is attached to), or the VolumeAttachments are not listed yet. `None` to go ahead (also when
 /// [`crate::Config::wait_for_detach`] is off).
-fn attached_to(shared: &Shared, name: &str) -> Option<String> {
+fn attached_to(shared: &Shared, name: &str) -> Option<Wait> {
     let store = shared.attachments.as_ref()?;
     if store.wait_until_ready().now_or_never().is_none() {
-        return Some(format!(
-            "persistentvolume {name} may still be attached: VolumeAttachments are not listed yet \
-             (the provisioner needs list and watch on storage.k8s.io volumeattachments)"
-        ));
+        return Some(Wait {
+            why: format!(
+                "persistentvolume {name} may still be attached: VolumeAttachments are not listed \
+                 yet (the provisioner needs list and watch on storage.k8s.io volumeattachments)"
+            ),
+            listed: false,
+        });
     }
     let mut nodes: Vec<String> = store
         .state()
@@ -130,12 +144,13 @@ fn attached_to(shared: &Shared, name: &str) -> Option<String> {
         .map(|va| va.spec.node_name.clone())
         .collect();
     nodes.sort();
-    (!nodes.is_empty()).then(|| {
-        format!(
+    (!nodes.is_empty()).then(|| Wait {
+        why: format!(
             "persistentvolume {name} is still attached to node {}: its volume is deleted once \
              the VolumeAttachment is gone (detached)",
             nodes.join(", ")
-        )
+        ),
+        listed: true,
     })
 }
 
