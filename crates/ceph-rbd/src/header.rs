@@ -11,7 +11,7 @@ use crate::SnapInfo;
 use crate::cluster::{Cluster, check_image_name};
 use crate::denc::{Reader, malformed, put_bytes, put_map};
 use crate::error::Error;
-use crate::raw::IoCtx;
+use crate::raw::{IoCtx, WriteStep};
 
 /// Most keys one `metadata_list` call returns (librbd pages by 64).
 const PAGE: u64 = 1024;
@@ -310,7 +310,86 @@ pub(crate) fn set_metadata(
     .map(drop)
 }
 
+/// librbd's omap key on an image header for metadata key `key`.
+fn metadata_omap_key(key: &str) -> String {
+    format!("metadata_{key}")
+}
+
+/// Sets metadata `key` of the image whose ID is `id` to `new` if it holds `expected` now
+/// (`None`: not set), in one RADOS operation on the header: an omap comparison guarding the
+/// `rbd` class's `metadata_set`. `Ok(false)`: the value was another (`ECANCELED`), nothing
+/// written.
+pub(crate) fn compare_and_set_metadata(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    id: &str,
+    key: &str,
+    expected: Option<&str>,
+    new: &str,
+) -> Result<bool, Error> {
+    let omap_key = metadata_omap_key(key);
+    let input = encode_map(&[(key.to_owned(), new.to_owned())]);
+    let steps = [
+        // a missing key compares as empty: "not set" and "set to nothing" are one state here,
+        // as they are to every reader of the value
+        WriteStep::OmapEquals {
+            key: &omap_key,
+            value: expected.unwrap_or_default().as_bytes(),
+        },
+        WriteStep::rbd("metadata_set", &input),
+    ];
+    match io.write_op(op, target, &format!("rbd_header.{id}"), &steps) {
+        Ok(()) => Ok(true),
+        Err(Error::Other { errno, .. }) if errno == libc::ECANCELED => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 impl Cluster {
+    /// Compare-and-swap of one metadata value of a format-2 image, on its header without
+    /// opening it: sets `key` to `new` only if it holds `expected` now (`None`: not set; a key
+    /// set to the empty string counts as not set). `Ok(true)`: written; `Ok(false)`: the value
+    /// is another now (read it again and decide again). Atomic in the OSD, so writers in
+    /// several processes (or connections) never lose each other's updates. Takes no in-process
+    /// image turn: the OSD orders the writers. Nothing that has the image open is notified (as
+    /// [`Cluster::metadata_set_unopened`]); `rbd image-meta get` shows the value.
+    ///
+    /// Format-1 images (no metadata on the header) by opening: compared and set without
+    /// atomicity across processes.
+    pub async fn metadata_compare_and_set(
+        &self,
+        pool: &str,
+        name: &str,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+    ) -> Result<bool, Error> {
+        let op = "set image metadata";
+        check_image_name(op, pool, name)?;
+        let (name, key, new) = (name.to_string(), key.to_string(), new.to_string());
+        let expected = expected.map(str::to_string);
+        let target = format!("{pool}/{name}");
+        self.with_pool(op, pool, target.clone(), move |io| {
+            match image_id(io, op, &target, &name) {
+                Ok(id) => {
+                    compare_and_set_metadata(io, op, &target, &id, &key, expected.as_deref(), &new)
+                }
+                Err(e) if e.is_not_found() => {
+                    format1(io, op, &target, &name, e)?;
+                    let img = io.open(&name, false)?;
+                    let now = img.metadata_get(&key)?.filter(|v| !v.is_empty());
+                    if now.as_deref() != expected.as_deref().filter(|v| !v.is_empty()) {
+                        return Ok(false);
+                    }
+                    img.metadata_set(&key, &new).map(|()| true)
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
     /// Sets several metadata keys of a format-2 image in one object-class call on its header,
     /// without opening the image: all keys or none. Much cheaper than
     /// [`Cluster::metadata_set_many`] (no librbd `ImageCtx`); nothing that has the image open
@@ -399,6 +478,14 @@ mod tests {
         assert_eq!(
             object_map_name("abc", 0x1f),
             "rbd_object_map.abc.000000000000001f"
+        );
+    }
+
+    #[test]
+    fn metadata_lives_under_librbds_omap_key() {
+        assert_eq!(
+            metadata_omap_key("provisioner.ceph.com/published-nodes"),
+            "metadata_provisioner.ceph.com/published-nodes"
         );
     }
 

@@ -829,6 +829,15 @@ impl IoCtx<'_> {
                         ptr::null(),
                     ),
                     WriteStep::AssertExists => ffi::rados_write_op_assert_exists(write),
+                    WriteStep::OmapEquals { key, value } => ffi::rados_write_op_omap_cmp2(
+                        write,
+                        key.as_ptr().cast(),
+                        ffi::LIBRADOS_CMPXATTR_OP_EQ as u8,
+                        value.as_ptr().cast(),
+                        key.len(),
+                        value.len(),
+                        prval,
+                    ),
                     WriteStep::Exec { input, .. } => {
                         if let Some((class, method)) = names_iter.next() {
                             ffi::rados_write_op_exec(
@@ -1667,6 +1676,9 @@ pub(crate) enum WriteStep<'a> {
     CreateExclusive,
     /// Fail with "not found" unless the object exists.
     AssertExists,
+    /// Fail with `ECANCELED` unless the object's omap key `key` holds exactly `value`; the OSD
+    /// compares a missing key as the empty value, so an empty `value` asserts "absent or empty".
+    OmapEquals { key: &'a str, value: &'a [u8] },
     /// Call an object-class method.
     Exec {
         class: &'a str,

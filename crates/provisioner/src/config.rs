@@ -34,6 +34,11 @@ pub struct Config {
     pub add_finalizer: bool,
     /// How long graceful shutdown waits for in-flight operations. Default 30 s.
     pub shutdown_grace_period: Duration,
+    /// Keep a released PV's volume while a VolumeAttachment (`storage.k8s.io/v1`, any attacher)
+    /// names the PV, as external-provisioner does: a `VolumeFailedDelete` Warning says which
+    /// node it waits for, and the deletion runs once the last one is gone. Needs `list` and
+    /// `watch` on `volumeattachments`. Default `true`.
+    pub wait_for_detach: bool,
     /// Called with the name of each step the controller reaches, for fault-injection tests
     /// (crash-consistency tests abort the process in it). Steps: `before-pv-save`,
     /// `after-pv-save`, `before-pv-delete`, `after-pv-delete`, `before-pv-resize` (the backend
@@ -61,6 +66,7 @@ impl Config {
             volume_save_interval: Duration::from_secs(1),
             add_finalizer: false,
             shutdown_grace_period: Duration::from_secs(30),
+            wait_for_detach: true,
             step_hook: None,
         }
     }

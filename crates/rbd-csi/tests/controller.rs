@@ -195,6 +195,54 @@ async fn missing_fields_and_bad_parameters_are_invalid_argument() {
     .unwrap();
 }
 
+/// What external-provisioner sends for a claim with `ReadWriteOnce` and `ReadOnlyMany`: one
+/// capability per mode. Kubernetes would attach such a volume to several nodes, each able to
+/// write; it is refused before any image exists.
+#[tokio::test]
+async fn many_readers_with_a_single_node_writer_are_refused_naming_volume_capabilities() {
+    use csi::volume_capability::access_mode::Mode;
+    let with_mode = |mut cap: csi::VolumeCapability, mode: Mode| {
+        if let Some(access) = cap.access_mode.as_mut() {
+            access.mode = mode as i32;
+        }
+        cap
+    };
+    let server = server().await;
+    let mut ctl = server.controller().await;
+    remove_image("pvc-ctl-rwo-rox");
+    for writer in [
+        Mode::SingleNodeWriter,
+        Mode::SingleNodeMultiWriter,
+        Mode::SingleNodeSingleWriter,
+    ] {
+        for base in [mount_cap("ext4"), block_cap()] {
+            let mut req = create_request("pvc-ctl-rwo-rox", MIB);
+            req.volume_capabilities = vec![
+                with_mode(base.clone(), Mode::MultiNodeReaderOnly),
+                with_mode(base, writer),
+            ];
+            let err = ctl.create_volume(req).await.unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{writer:?}: {err:?}");
+            assert!(
+                err.message().starts_with("volume_capabilities:")
+                    && err.message().contains("MULTI_NODE_READER_ONLY"),
+                "{}",
+                err.message()
+            );
+        }
+    }
+    assert_eq!(image_size("pvc-ctl-rwo-rox"), None, "an image was made");
+    // a raw block volume for many writers may also be asked for as single-node or read-only
+    let mut req = create_request("pvc-ctl-rwx-all", MIB);
+    req.volume_capabilities = vec![
+        with_mode(block_cap(), Mode::MultiNodeMultiWriter),
+        with_mode(block_cap(), Mode::SingleNodeWriter),
+        with_mode(block_cap(), Mode::MultiNodeReaderOnly),
+    ];
+    ctl.create_volume(req).await.unwrap();
+    remove_image("pvc-ctl-rwx-all");
+}
+
 #[tokio::test]
 async fn expand_grows_never_shrinks_and_missing_volumes_are_not_found() {
     let server = server().await;

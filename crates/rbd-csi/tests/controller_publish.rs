@@ -1,7 +1,8 @@
 //! `ControllerPublishVolume` / `ControllerUnpublishVolume` over a real unix socket against a
 //! private Ceph cluster: the node recorded on the image, a single-node volume refused on a second
 //! node (FAILED_PRECONDITION) and never recorded for two, idempotent repeats, an incompatible
-//! republish (ALREADY_EXISTS), unpublish of unknown or deleted volumes succeeding.
+//! republish (ALREADY_EXISTS), unpublish of unknown or deleted volumes succeeding, a publish
+//! without credentials saying in its context that it wrote no record.
 
 mod common;
 
@@ -241,4 +242,46 @@ async fn a_plugin_serving_one_node_refuses_other_nodes() {
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("node_id"), "{}", err.message());
+}
+
+/// No secrets and no probe key: nothing can be recorded. The publish succeeds (PVs made before
+/// publishing existed stay attachable) and its publish context, which external-attacher copies
+/// to the VolumeAttachment's `status.attachmentMetadata`, says the record was not written.
+#[tokio::test]
+async fn a_publish_without_credentials_says_in_its_context_that_no_record_was_written() {
+    let _images = Images::fresh(&["pvc-pub-nocreds"]);
+    let server = TestServer::start(Services::Controller, |_| {}).await;
+    let mut ctl = server.controller().await;
+    let id = create(&mut ctl, "pvc-pub-nocreds").await;
+
+    let mut bare = publish_request(&id, "node-a", Mode::SingleNodeWriter, false);
+    bare.secrets.clear();
+    let context = ctl
+        .controller_publish_volume(bare)
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    assert_eq!(
+        context
+            .get("provisioner.ceph.com/single-writer-record")
+            .map(String::as_str),
+        Some("not written: no controllerPublishSecretRef secrets and no --probe-key-file")
+    );
+    assert_eq!(published_nodes("pvc-pub-nocreds"), Vec::<String>::new());
+
+    // with the PV's secrets: recorded, and the context says nothing
+    let context = ctl
+        .controller_publish_volume(publish_request(
+            &id,
+            "node-a",
+            Mode::SingleNodeWriter,
+            false,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    assert!(context.is_empty(), "{context:?}");
+    assert_eq!(published_nodes("pvc-pub-nocreds"), ["node-a"]);
 }

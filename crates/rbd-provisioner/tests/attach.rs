@@ -353,3 +353,183 @@ async fn a_volume_in_use_before_attach_was_required_is_attached_after_the_csidri
         .unwrap();
     h.wait_pv_gone(&pv_name).await;
 }
+
+/// The provisioner with fast retries (the attach controller and the deletion retry alike).
+fn spawn_fast(h: &Harness) -> support::Process {
+    h.spawn(
+        &[
+            "--leader-elect=false",
+            "--pv-source=csi",
+            "--retry-interval-start=200ms",
+            "--retry-interval-max=1s",
+        ],
+        &[],
+    )
+}
+
+/// kubelet unstages before the attach/detach controller detaches: a claim deleted with its pod
+/// is released while its VolumeAttachment still exists. The image must outlive the
+/// VolumeAttachment (external-provisioner's rule), with an event saying what it waits for.
+#[tokio::test]
+async fn a_released_volume_is_not_deleted_while_a_volume_attachment_names_it() {
+    let h = Harness::start().await;
+    let _p = spawn_fast(&h);
+    h.create_class("held", &h.params(), "Delete").await;
+    h.create_claim("held-data", "held", "8Mi", false).await;
+    let (_, pv) = h.wait_bound("held-data").await;
+    let pv_name = pv.metadata.name.clone().unwrap();
+    let image = Harness::image_name(&pv);
+    let _guard = ImageGuard(Some(image.clone()));
+    create_csi_node(&h, "node-a").await;
+    let vas: Api<VolumeAttachment> = Api::all(h.client.clone());
+    create_attachment(&h, "va-held", "node-a", &pv_name).await;
+    h.until("va-held attached", WAIT, || async {
+        let va = vas.get("va-held").await.unwrap();
+        va.status.as_ref().is_some_and(|s| s.attached).then_some(())
+    })
+    .await;
+
+    h.claims()
+        .delete("held-data", &DeleteParams::default())
+        .await
+        .unwrap();
+    let message = h
+        .wait_event_containing(&pv_name, "VolumeFailedDelete", &["still attached"])
+        .await;
+    assert!(
+        message.starts_with(&format!(
+            "persistentvolume {pv_name} is still attached to node node-a"
+        )),
+        "{message}"
+    );
+    // the deletion is retried (every 200 ms to 1 s) and keeps waiting
+    h.until("a retry of the deletion", WAIT, || async {
+        let events = h.events_for(&pv_name).await;
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("VolumeFailedDelete") && e.count.unwrap_or(1) > 1)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        h.images().contains(&image),
+        "the image was removed while its VolumeAttachment exists"
+    );
+    assert!(h.volumes().get_opt(&pv_name).await.unwrap().is_some());
+    assert_eq!(published_nodes(&h, &image), ["node-a"]);
+
+    // the detach: then the volume goes
+    vas.delete("va-held", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(&pv_name).await;
+    assert!(!h.images().contains(&image), "the image outlived its PV");
+}
+
+/// A PV with `ReadWriteOnce` and `ReadOnlyMany` (made elsewhere or by an older version):
+/// Kubernetes would attach it to several nodes; no node gets it read-write, as external-attacher
+/// refuses it outright.
+#[tokio::test]
+async fn a_pv_with_read_write_once_and_read_only_many_is_attached_to_no_node() {
+    let h = Harness::start().await;
+    let _p = spawn_fast(&h);
+    h.create_class("mixed", &h.params(), "Delete").await;
+    h.create_claim("mixed-data", "mixed", "8Mi", false).await;
+    let (_, pv) = h.wait_bound("mixed-data").await;
+    let pv_name = pv.metadata.name.clone().unwrap();
+    let image = Harness::image_name(&pv);
+    let _guard = ImageGuard(Some(image.clone()));
+    let modes = json!({"spec": {"accessModes": ["ReadWriteOnce", "ReadOnlyMany"]}});
+    h.volumes()
+        .patch(
+            &pv_name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&modes),
+        )
+        .await
+        .unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(h.client.clone());
+    for node in ["node-a", "node-b"] {
+        create_csi_node(&h, node).await;
+        create_attachment(&h, &format!("va-{node}"), node, &pv_name).await;
+    }
+    for node in ["node-a", "node-b"] {
+        let name = format!("va-{node}");
+        let error = h
+            .until(&format!("{name} attachError"), WAIT, || async {
+                let va = vas.get(&name).await.unwrap();
+                va.status
+                    .and_then(|s| s.attach_error)
+                    .and_then(|e| e.message)
+            })
+            .await;
+        assert!(
+            error.contains(&format!("PersistentVolume {pv_name}"))
+                && error.contains("spec.accessModes")
+                && error.contains("CSI does not support ReadOnlyMany and ReadWriteOnce"),
+            "{error}"
+        );
+        let va = vas.get(&name).await.unwrap();
+        assert!(!va.status.is_some_and(|s| s.attached), "{name} attached");
+    }
+    assert_eq!(published_nodes(&h, &image), Vec::<String>::new());
+
+    for node in ["node-a", "node-b"] {
+        vas.delete(&format!("va-{node}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    h.until("VolumeAttachments gone", WAIT, || async {
+        attachments_of(&h, &pv_name).await.is_empty().then_some(())
+    })
+    .await;
+    h.claims()
+        .delete("mixed-data", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(&pv_name).await;
+}
+
+/// Such a claim is refused at provisioning, with the field and the reason.
+#[tokio::test]
+async fn a_claim_asking_read_write_once_and_read_only_many_is_refused_naming_access_modes() {
+    let h = Harness::start().await;
+    let _p = spawn_fast(&h);
+    h.create_class("mixed-claim", &h.params(), "Delete").await;
+    let claim = serde_json::from_value(json!({
+        "metadata": {"name": "mixed-claim", "namespace": "default"},
+        "spec": {
+            "storageClassName": "mixed-claim",
+            "accessModes": ["ReadWriteOnce", "ReadOnlyMany"],
+            "resources": {"requests": {"storage": "8Mi"}},
+        }
+    }))
+    .unwrap();
+    h.claims()
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let message = h
+        .wait_event_containing("mixed-claim", "ProvisioningFailed", &["spec.accessModes"])
+        .await;
+    assert!(
+        message.contains(r#"["ReadWriteOnce", "ReadOnlyMany"]"#)
+            && message.contains("CSI does not support ReadOnlyMany and ReadWriteOnce")
+            && message.contains("several nodes"),
+        "{message}"
+    );
+    let claim = h.claims().get("mixed-claim").await.unwrap();
+    assert_eq!(
+        claim.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending")
+    );
+    assert!(
+        h.volumes()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "a PV was made"
+    );
+}

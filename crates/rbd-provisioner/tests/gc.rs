@@ -851,3 +851,86 @@ async fn gc_keeps_images_a_pv_came_to_refer_to_during_the_run() {
             .unwrap();
     }
 }
+
+/// A retained image whose old PV was deleted while attached (its detach could not unpublish)
+/// and that a static PV now refers to: its record still names the dead node, which would refuse
+/// the volume to every other node. gc lists exactly that node; `--delete` removes it and keeps
+/// the node a VolumeAttachment names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_lists_publications_to_nodes_without_a_volume_attachment_and_delete_removes_them() {
+    let h = Harness::start().await;
+    let prefix = unique_prefix("gcpub");
+    let identity = format!("gc-pub-{}", &prefix[8..16]);
+    h.create_class("rbd", &h.params(), "Delete").await;
+    let image = format!("{prefix}retained");
+    let spec = format!("{}/{image}", h.ceph.pool);
+    h.ceph.rbd(&["create", &spec, "--size", "8M"]).unwrap();
+    let entry =
+        |node: &str| format!(r#"{{"node":"{node}","sharing":"multi-node","readonly":true}}"#);
+    let record = |nodes: &[&str]| {
+        format!(
+            "[{}]",
+            nodes.iter().map(|n| entry(n)).collect::<Vec<_>>().join(",")
+        )
+    };
+    let key = "provisioner.ceph.com/published-nodes";
+    h.ceph
+        .rbd(&[
+            "image-meta",
+            "set",
+            &spec,
+            key,
+            &record(&["node-a", "dead-node"]),
+        ])
+        .unwrap();
+    static_pv(&h, &format!("{prefix}static"), &image).await;
+    let vas: kube::Api<k8s_openapi::api::storage::v1::VolumeAttachment> =
+        kube::Api::all(h.client.clone());
+    let va = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{prefix}va")},
+        "spec": {"attacher": "rbd.provisioner.ceph.io", "nodeName": "node-a",
+                 "source": {"persistentVolumeName": format!("{prefix}static")}},
+    }))
+    .unwrap();
+    vas.create(&Default::default(), &va).await.unwrap();
+    let meta = || {
+        serde_json::from_str::<serde_json::Value>(
+            h.ceph
+                .rbd(&["image-meta", "get", &spec, key])
+                .unwrap()
+                .trim(),
+        )
+        .unwrap()
+    };
+
+    let (out, text) = gc(&h, &identity, false);
+    assert!(out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains(&image))
+        .unwrap_or_else(|| panic!("{image} not listed: {text}"));
+    assert!(
+        line.split_whitespace().last() == Some("dead-node"),
+        "only the dead node is stale: {line}"
+    );
+    assert!(text.contains("run with --delete"), "{text}");
+    assert_eq!(
+        meta(),
+        serde_json::from_str::<serde_json::Value>(&record(&["node-a", "dead-node"])).unwrap(),
+        "the dry run changed the record"
+    );
+
+    let (out, text) = gc(&h, &identity, true);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("unpublished {spec} from node dead-node")),
+        "{text}"
+    );
+    assert_eq!(
+        meta(),
+        serde_json::from_str::<serde_json::Value>(&record(&["node-a"])).unwrap()
+    );
+    let (_, text) = gc(&h, &identity, false);
+    assert!(!text.contains(&image), "{text}");
+    h.ceph.rbd(&["rm", "--no-progress", &spec]).unwrap();
+}

@@ -20,11 +20,21 @@
 //! **Unpublish** of an image that does not exist, or from a node it is not published to,
 //! succeeds (the spec's idempotency); with no node given it unpublishes from every node.
 //!
-//! **Caveats.** The record is read, decided on and written back without a RADOS-level lock:
-//! callers serialise calls per volume (the CSI controller's per-volume locks; one leader runs
-//! the attach controller). Kubernetes' own attach/detach controller refuses a second attachment
-//! of a `ReadWriteOnce` volume before this is ever asked; the record is the storage side's
-//! second line, and the node's watcher check the third.
+//! **Atomicity.** Every change is a compare-and-swap on the image's header object
+//! ([`ceph_rbd::Cluster::metadata_compare_and_set`]): the record is read, decided on, and
+//! written only if it still holds what was read, in one RADOS operation; when another writer
+//! changed it meanwhile (another process, connection or leader, external-attacher and the
+//! built-in attacher both running), the record is read and decided on again, up to
+//! [`SWAP_ATTEMPTS`] times ([`PublishError::Contended`] after). So two publishes of a
+//! single-node volume to two nodes never both succeed, and concurrent publishes of a
+//! multi-node volume never lose an entry, whoever the callers are.
+//!
+//! **Caveats.** Kubernetes' own attach/detach controller refuses a second attachment of a
+//! `ReadWriteOnce` volume before this is ever asked; the record is the storage side's second
+//! line, and the node's watcher check the third. The write goes to the header as librbd's
+//! `metadata_set` class call, without librbd's notification of clients that have the image
+//! open (none of them reads this key). Format-1 images are compared and set by opening them,
+//! without atomicity across processes.
 
 use std::collections::BTreeMap;
 
@@ -97,7 +107,18 @@ pub enum PublishError {
     /// A node ID that cannot be recorded.
     #[error("node_id: {0}")]
     InvalidNode(String),
+    /// Other writers changed the record every time between our read and our write.
+    #[error(
+        "volume {image}: metadata {META_PUBLISHED} changed under {attempts} attempts in a row \
+         (concurrent publishes of this volume); retry"
+    )]
+    Contended { image: String, attempts: u32 },
 }
+
+/// How many times [`publish`] and [`unpublish`] read, decide and try to swap the record before
+/// giving up with [`PublishError::Contended`]. Each lost race means another writer's change went
+/// in, so this bounds how many concurrent writers of one volume are served in one call.
+pub const SWAP_ATTEMPTS: u32 = 32;
 
 impl Publication {
     fn describe(&self) -> String {
@@ -198,18 +219,32 @@ pub async fn publish(
     if wanted.node.trim().is_empty() {
         return Err(PublishError::InvalidNode("must not be empty".to_owned()));
     }
-    let value = cluster.metadata_get(pool, image, META_PUBLISHED).await?;
-    let current = parse_record(image, value.as_deref())?;
-    match decide(image, &current, wanted)? {
-        Decision::AlreadyPublished => Ok(Published::AlreadyPublished),
-        Decision::Record(next) => {
-            cluster
-                .metadata_set(pool, image, META_PUBLISHED, &record(&next))
-                .await?;
+    for _ in 0..SWAP_ATTEMPTS {
+        let value = cluster.metadata_get(pool, image, META_PUBLISHED).await?;
+        let current = parse_record(image, value.as_deref())?;
+        let next = match decide(image, &current, wanted)? {
+            Decision::AlreadyPublished => return Ok(Published::AlreadyPublished),
+            Decision::Record(next) => next,
+        };
+        if cluster
+            .metadata_compare_and_set(
+                pool,
+                image,
+                META_PUBLISHED,
+                value.as_deref(),
+                &record(&next),
+            )
+            .await?
+        {
             tracing::info!(pool, image, node = %wanted.node, "volume published to node");
-            Ok(Published::Recorded)
+            return Ok(Published::Recorded);
         }
+        tracing::debug!(pool, image, node = %wanted.node, "publication record changed meanwhile; deciding again");
     }
+    Err(PublishError::Contended {
+        image: image.to_owned(),
+        attempts: SWAP_ATTEMPTS,
+    })
 }
 
 /// What [`unpublish`] did.
@@ -233,34 +268,48 @@ pub async fn unpublish(
     image: &str,
     node: Option<&str>,
 ) -> Result<Unpublished, PublishError> {
-    let value = match cluster.metadata_get(pool, image, META_PUBLISHED).await {
-        Ok(value) => value,
-        Err(e) if e.is_not_found() => return Ok(Unpublished::NoImage),
-        Err(e) => return Err(e.into()),
-    };
-    let current = parse_record(image, value.as_deref())?;
-    let next: Vec<Publication> = match node {
-        Some(node) => current.iter().filter(|p| p.node != node).cloned().collect(),
-        None => Vec::new(),
-    };
-    if next.len() == current.len() {
-        return Ok(Unpublished::NotPublished);
+    for _ in 0..SWAP_ATTEMPTS {
+        let value = match cluster.metadata_get(pool, image, META_PUBLISHED).await {
+            Ok(value) => value,
+            Err(e) if e.is_not_found() => return Ok(Unpublished::NoImage),
+            Err(e) => return Err(e.into()),
+        };
+        let current = parse_record(image, value.as_deref())?;
+        let next: Vec<Publication> = match node {
+            Some(node) => current.iter().filter(|p| p.node != node).cloned().collect(),
+            None => Vec::new(),
+        };
+        if next.len() == current.len() {
+            return Ok(Unpublished::NotPublished);
+        }
+        match cluster
+            .metadata_compare_and_set(
+                pool,
+                image,
+                META_PUBLISHED,
+                value.as_deref(),
+                &record(&next),
+            )
+            .await
+        {
+            Ok(true) => {
+                tracing::info!(
+                    pool,
+                    image,
+                    node = node.unwrap_or("<all>"),
+                    "volume unpublished"
+                );
+                return Ok(Unpublished::Removed);
+            }
+            Ok(false) => {}
+            Err(e) if e.is_not_found() => return Ok(Unpublished::NoImage),
+            Err(e) => return Err(e.into()),
+        }
     }
-    match cluster
-        .metadata_set(pool, image, META_PUBLISHED, &record(&next))
-        .await
-    {
-        Ok(()) => {}
-        Err(e) if e.is_not_found() => return Ok(Unpublished::NoImage),
-        Err(e) => return Err(e.into()),
-    }
-    tracing::info!(
-        pool,
-        image,
-        node = node.unwrap_or("<all>"),
-        "volume unpublished"
-    );
-    Ok(Unpublished::Removed)
+    Err(PublishError::Contended {
+        image: image.to_owned(),
+        attempts: SWAP_ATTEMPTS,
+    })
 }
 
 /// The nodes `image` is published to (empty for none).

@@ -290,6 +290,9 @@ impl AttachController {
                     .unwrap_or_default()
             )
         })?;
+        // a PV no access mode of CSI fits is never attached (no finalizers: nothing to detach)
+        let access =
+            access(&volume).map_err(|e| format!("PersistentVolume {}: {e}", volume.name_any()))?;
         let node_id = self.node_id(&va.spec.node_name).await?;
         // finalizers first, so that a detach always follows an attach that may have happened
         if !va.finalizers().contains(&self.finalizer)
@@ -318,7 +321,7 @@ impl AttachController {
         let request = AttachRequest {
             volume: &volume,
             node_id: &node_id,
-            access: access(&volume),
+            access,
         };
         self.backend
             .attach(&request)

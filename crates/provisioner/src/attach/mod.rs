@@ -66,15 +66,47 @@ pub fn finalizer(driver: &str) -> String {
     format!("external-attacher/{name}")
 }
 
+/// Why access modes `modes` (a claim's or a PV's) have no single CSI access mode, in
+/// external-attacher's words (csi-lib-utils `ToCSIAccessMode`), which refuses to attach such a
+/// PV; `None` when they have one.
+///
+/// `ReadWriteOnce` with `ReadOnlyMany` is the one that matters: Kubernetes' attach/detach
+/// controller lets a PV with `ReadOnlyMany` among its modes be attached to several nodes at
+/// once, and nothing would stop each of them from writing (`ReadWriteMany`, allowed for raw
+/// block volumes, takes precedence: several writers are what it asks for).
+#[must_use]
+pub fn unsupported_access_modes(modes: &[String]) -> Option<&'static str> {
+    let has = |mode: &str| modes.iter().any(|m| m == mode);
+    if has("ReadWriteOncePod") && modes.iter().any(|m| m != "ReadWriteOncePod") {
+        return Some(
+            "Kubernetes does not support use of ReadWriteOncePod with other access modes on \
+             the same PersistentVolume",
+        );
+    }
+    if has("ReadWriteOnce") && has("ReadOnlyMany") && !has("ReadWriteMany") {
+        return Some(
+            "CSI does not support ReadOnlyMany and ReadWriteOnce on the same PersistentVolume \
+             (Kubernetes would attach it to several nodes, each of which could write)",
+        );
+    }
+    None
+}
+
 /// How `volume` may be shared, as external-attacher derives it: a PV whose access modes are
 /// all `ReadOnlyMany`, or whose CSI source says `readOnly`, is read-only; one without
 /// `ReadWriteMany`/`ReadOnlyMany` is single-node.
-#[must_use]
-pub fn access(volume: &PersistentVolume) -> Access {
+///
+/// # Errors
+/// Access modes [`unsupported_access_modes`] refuses, as the message external-attacher gives,
+/// naming `spec.accessModes`.
+pub fn access(volume: &PersistentVolume) -> Result<Access, String> {
     let spec = volume.spec.as_ref();
     let modes = spec
         .and_then(|s| s.access_modes.clone())
         .unwrap_or_default();
+    if let Some(why) = unsupported_access_modes(&modes) {
+        return Err(format!("spec.accessModes {modes:?}: {why}"));
+    }
     let multi_node = modes
         .iter()
         .any(|m| m == "ReadWriteMany" || m == "ReadOnlyMany");
@@ -83,10 +115,10 @@ pub fn access(volume: &PersistentVolume) -> Access {
             .and_then(|s| s.csi.as_ref())
             .and_then(|c| c.read_only)
             .unwrap_or(false);
-    Access {
+    Ok(Access {
         multi_node,
         read_only,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -123,16 +155,32 @@ mod tests {
 
     #[test]
     fn access_follows_the_pv() {
-        assert_eq!(access(&pv(&["ReadWriteOnce"], None)), shared(false, false));
+        let ok = |modes: &[&str], read_only| access(&pv(modes, read_only)).unwrap();
+        assert_eq!(ok(&["ReadWriteOnce"], None), shared(false, false));
+        assert_eq!(ok(&["ReadWriteOncePod"], None), shared(false, false));
+        assert_eq!(ok(&["ReadOnlyMany"], None), shared(true, true));
+        assert_eq!(ok(&["ReadWriteMany"], None), shared(true, false));
+        assert_eq!(ok(&["ReadWriteOnce"], Some(true)), shared(false, true));
+        // ReadWriteMany takes precedence, as in external-attacher
         assert_eq!(
-            access(&pv(&["ReadWriteOncePod"], None)),
-            shared(false, false)
+            ok(&["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany"], None),
+            shared(true, false)
         );
-        assert_eq!(access(&pv(&["ReadOnlyMany"], None)), shared(true, true));
-        assert_eq!(access(&pv(&["ReadWriteMany"], None)), shared(true, false));
-        assert_eq!(
-            access(&pv(&["ReadWriteOnce"], Some(true))),
-            shared(false, true)
+    }
+
+    #[test]
+    fn read_write_once_with_read_only_many_is_refused_not_shared_read_write() {
+        let err = access(&pv(&["ReadWriteOnce", "ReadOnlyMany"], None)).unwrap_err();
+        assert!(
+            err.contains("spec.accessModes")
+                && err.contains("CSI does not support ReadOnlyMany and ReadWriteOnce"),
+            "{err}"
         );
+        let err = access(&pv(&["ReadWriteOncePod", "ReadOnlyMany"], None)).unwrap_err();
+        assert!(
+            err.contains("ReadWriteOncePod with other access modes"),
+            "{err}"
+        );
+        assert_eq!(unsupported_access_modes(&["ReadOnlyMany".to_owned()]), None);
     }
 }

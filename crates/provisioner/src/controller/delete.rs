@@ -7,6 +7,11 @@
 //! - The StorageClass is never needed: the backend reads what it needs from the PV.
 //! - A backend refusal (volume in use) is a `VolumeFailedDelete` Warning and a retry with
 //!   backoff; the PV stays.
+//! - With [`crate::Config::wait_for_detach`] (the default) the backend is not asked while a
+//!   VolumeAttachment names the PV (kubelet unstages before the attach/detach controller
+//!   detaches, seconds later): a `VolumeFailedDelete` Warning in external-provisioner's words
+//!   ("persistentvolume P is still attached to node N") and a retry, at once when the
+//!   VolumeAttachment goes. Until the VolumeAttachments are listed, deletions wait too.
 //! - Decisions made on the (possibly stale) cache are confirmed with a fresh read before the
 //!   backend is called, so a finished deletion is not repeated.
 //! - Each step is idempotent, so a restart anywhere converges (the backend treats an
@@ -14,11 +19,12 @@
 
 use std::time::Instant;
 
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 
-use super::{Retry, Shared, error_chain};
+use super::{Retry, Shared, Work, error_chain};
 use crate::events::EventType;
 use crate::pv::{self, FINALIZER, VolumeDecision};
 use crate::volume::DeleteError;
@@ -54,6 +60,15 @@ pub(super) async fn sync_volume(shared: &Shared, name: &str) -> Result<(), Retry
 async fn delete(shared: &Shared, volume: &PersistentVolume, name: &str) -> Result<(), Retry> {
     if !shared.provisioner.should_delete(volume) {
         return Ok(());
+    }
+    if let Some(wait) = attached_to(shared, name) {
+        tracing::info!(volume = name, reason = %wait.why, "deletion waits for a detach");
+        // not listed yet at the first try is the moment after a start: no Warning for that
+        let first = shared.queue.failures(&Work::Volume(name.to_owned())) == 0;
+        if wait.listed || !first {
+            shared.event(volume, EventType::Warning, VOLUME_FAILED_DELETE, &wait.why);
+        }
+        return Err(Retry);
     }
     let class = volume
         .spec
@@ -99,6 +114,44 @@ async fn delete(shared: &Shared, volume: &PersistentVolume, name: &str) -> Resul
         remove_finalizer(shared, name).await?;
     }
     Ok(())
+}
+
+/// Why a deletion waits.
+struct Wait {
+    why: String,
+    /// The VolumeAttachments are listed (`false`: not yet, so the PV may be attached).
+    listed: bool,
+}
+
+/// Why PV `name`'s volume must not be deleted yet: a VolumeAttachment names it (the node it
+/// is attached to), or the VolumeAttachments are not listed yet. `None` to go ahead (also when
+/// [`crate::Config::wait_for_detach`] is off).
+fn attached_to(shared: &Shared, name: &str) -> Option<Wait> {
+    let store = shared.attachments.as_ref()?;
+    if store.wait_until_ready().now_or_never().is_none() {
+        return Some(Wait {
+            why: format!(
+                "persistentvolume {name} may still be attached: VolumeAttachments are not listed \
+                 yet (the provisioner needs list and watch on storage.k8s.io volumeattachments)"
+            ),
+            listed: false,
+        });
+    }
+    let mut nodes: Vec<String> = store
+        .state()
+        .iter()
+        .filter(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name))
+        .map(|va| va.spec.node_name.clone())
+        .collect();
+    nodes.sort();
+    (!nodes.is_empty()).then(|| Wait {
+        why: format!(
+            "persistentvolume {name} is still attached to node {}: its volume is deleted once \
+             the VolumeAttachment is gone (detached)",
+            nodes.join(", ")
+        ),
+        listed: true,
+    })
 }
 
 /// Removes our finalizer from the current PV (read fresh; the write is conditional on its

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -105,6 +105,30 @@ pub(super) async fn watch_classes(shared: Arc<Shared>, writer: Writer<StorageCla
     while let Some(event) = stream.next().await {
         if let Err(error) = event {
             tracing::warn!(%error, "storage class watch failed, retrying");
+        }
+    }
+}
+
+/// VolumeAttachments, for deletions that wait for a detach: a PV of ours whose VolumeAttachment
+/// is gone is looked at again at once (rather than at its next backoff retry).
+pub(super) async fn watch_attachments(shared: Arc<Shared>, writer: Writer<VolumeAttachment>) {
+    let api: Api<VolumeAttachment> = Api::all(shared.client.clone());
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(strip)
+        .reflect(writer);
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Delete(attachment)) => {
+                if let Some(name) = &attachment.spec.source.persistent_volume_name
+                    && let Some(volume) = shared.volumes.get(&ObjectRef::new(name))
+                {
+                    volume_changed(&shared, &volume);
+                }
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "VolumeAttachment watch failed, retrying"),
         }
     }
 }

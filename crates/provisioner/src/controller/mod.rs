@@ -21,7 +21,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::{Client, Resource};
 use tokio::task::JoinSet;
@@ -83,6 +83,8 @@ pub(crate) struct Shared {
     /// PVs as [`CachedVolume`]s: what decisions read; flows act on a fresh read.
     volumes: Store<CachedVolume>,
     classes: Store<StorageClass>,
+    /// VolumeAttachments, with [`Config::wait_for_detach`]: a PV one names is not deleted.
+    attachments: Option<Store<VolumeAttachment>>,
     /// Claim UID -> where the claim lives, maintained from the watch.
     claim_index: Mutex<HashMap<String, ObjectRef<CachedClaim>>>,
     /// Claim UID -> options of a provisioning the backend reported as still in progress.
@@ -217,6 +219,8 @@ impl Controller {
         let (claims, claim_writer) = reflector::store();
         let (volumes, volume_writer) = reflector::store();
         let (classes, class_writer) = reflector::store();
+        let (attachments, attachment_writer) = reflector::store();
+        let attachment_writer = self.config.wait_for_detach.then_some(attachment_writer);
         let recorder = EventRecorder::new(
             self.client.clone(),
             &self.config.provisioner_name,
@@ -239,6 +243,7 @@ impl Controller {
             claims,
             volumes,
             classes,
+            attachments: attachment_writer.is_some().then_some(attachments),
             claim_index: Mutex::new(HashMap::new()),
             in_background: Mutex::new(HashMap::new()),
             unsaved: Mutex::new(HashMap::new()),
@@ -252,6 +257,10 @@ impl Controller {
         background.spawn(informers::watch_claims(Arc::clone(&shared), claim_writer));
         background.spawn(informers::watch_volumes(Arc::clone(&shared), volume_writer));
         background.spawn(informers::watch_classes(Arc::clone(&shared), class_writer));
+        // not waited for below: without it only deletions wait (see `delete::attached_to`)
+        if let Some(writer) = attachment_writer {
+            background.spawn(informers::watch_attachments(Arc::clone(&shared), writer));
+        }
         let mut workers = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
 

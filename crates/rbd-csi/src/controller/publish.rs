@@ -5,8 +5,11 @@
 //!
 //! **Credentials**: the request's secrets (a PV's `controllerPublishSecretRef`), else the
 //! `--probe-key-file` user's. With neither (a PV made before publishing existed, on a controller
-//! without a probe key) nothing can be read or recorded: the publish succeeds without a record,
-//! and Kubernetes' own Multi-Attach check and the node's watcher check remain the protection.
+//! without a probe key) nothing can be read or recorded: the publish succeeds without a record
+//! (refusing would leave such volumes unattachable after an upgrade), says so in a warning and in
+//! the publish context ([`CONTEXT_RECORD`], which external-attacher copies to the
+//! `VolumeAttachment`'s `status.attachmentMetadata`), and Kubernetes' own Multi-Attach check and
+//! the node's watcher check remain the protection.
 //!
 //! **Nodes**: a plugin that also serves the node (`--services=all`) is that one node: a publish
 //! to any other node ID is `NOT_FOUND`, and with `--max-volumes-per-node` a publish beyond that
@@ -25,6 +28,14 @@ use crate::proto::csi;
 use crate::proto::csi::volume_capability::access_mode::Mode;
 use crate::status::require;
 use crate::volume::VolumeId;
+
+/// Publish-context key present when the publish wrote no record (no credentials): its value says
+/// why. Absent when the node was recorded.
+pub const CONTEXT_RECORD: &str = "provisioner.ceph.com/single-writer-record";
+
+/// [`CONTEXT_RECORD`]'s value for a publish without credentials.
+pub const RECORD_NOT_WRITTEN: &str =
+    "not written: no controllerPublishSecretRef secrets and no --probe-key-file";
 
 /// Single-node or multi-node, from the capability's access mode.
 fn sharing(mode: Mode) -> Sharing {
@@ -45,6 +56,7 @@ fn publish_status(e: PublishError) -> Status {
         PublishError::Incompatible { .. } => Status::already_exists(e.to_string()),
         PublishError::InvalidNode(_) => Status::invalid_argument(e.to_string()),
         PublishError::BadRecord { .. } => Status::internal(e.to_string()),
+        PublishError::Contended { .. } => Status::aborted(e.to_string()),
     }
 }
 
@@ -89,14 +101,20 @@ pub(super) async fn publish(
     let id = VolumeId::parse(volume_id).map_err(Status::not_found)?;
     let _guard = ctl.locks.lock_or_abort(volume_id)?;
     let Some((user, key)) = ctl.publish_credentials(&req.secrets)? else {
+        ctl.check_node(node)?;
         tracing::warn!(
             volume_id,
             node,
-            "no credentials for ControllerPublishVolume (no secrets, no probe key): published \
-             without a record"
+            "no credentials for ControllerPublishVolume (no controllerPublishSecretRef, no \
+             --probe-key-file): published without the single-writer record, so a second node \
+             is not refused by this driver"
         );
-        ctl.check_node(node)?;
-        return Ok(csi::ControllerPublishVolumeResponse::default());
+        return Ok(csi::ControllerPublishVolumeResponse {
+            publish_context: HashMap::from([(
+                CONTEXT_RECORD.to_owned(),
+                RECORD_NOT_WRITTEN.to_owned(),
+            )]),
+        });
     };
     let cluster = ctl.cluster(&id.cluster, &user, &key).await?;
     let pool = id.pool_spec();

@@ -12,8 +12,9 @@ use super::params::{create_params, credentials};
 use super::placement::{Placement, place};
 use super::snapshots::snapshot_status;
 use super::{ControllerService, ceph_status, volume_status};
-use crate::node::request::access;
+use crate::node::request::{access, mode, single_node_writer};
 use crate::proto::csi;
+use crate::proto::csi::volume_capability::access_mode::Mode;
 use crate::status::require;
 use crate::volume::{self, VolumeId, context};
 
@@ -21,7 +22,8 @@ fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// Every capability must be one we can serve.
+/// Every capability must be one we can serve, and together they must not ask for a volume
+/// many nodes read while one node writes ([`mixes_single_writer_and_multi_reader`]).
 fn check_capabilities(caps: &[csi::VolumeCapability]) -> Result<(), Status> {
     if caps.is_empty() {
         return Err(Status::invalid_argument("volume_capabilities is required"));
@@ -29,7 +31,28 @@ fn check_capabilities(caps: &[csi::VolumeCapability]) -> Result<(), Status> {
     for (i, cap) in caps.iter().enumerate() {
         access(Some(cap), &format!("volume_capabilities[{i}]"))?;
     }
+    let modes: Vec<Mode> = caps.iter().map(|cap| mode(Some(cap))).collect();
+    if mixes_single_writer_and_multi_reader(&modes) {
+        return Err(Status::invalid_argument(
+            "volume_capabilities: MULTI_NODE_READER_ONLY together with a single-node writer mode \
+             (a claim's ReadOnlyMany with ReadWriteOnce) is not supported: Kubernetes would \
+             attach such a volume to several nodes, each of which could write; ask for one of \
+             the two",
+        ));
+    }
     Ok(())
+}
+
+/// Whether `modes` ask for multi-node readers and a single-node writer without any multi-node
+/// writer mode: what external-provisioner sends for a claim with `ReadWriteOnce` and
+/// `ReadOnlyMany`, which external-attacher then refuses to attach (a `ReadWriteMany` claim's
+/// `MULTI_NODE_MULTI_WRITER` takes precedence there, as here).
+fn mixes_single_writer_and_multi_reader(modes: &[Mode]) -> bool {
+    modes.contains(&Mode::MultiNodeReaderOnly)
+        && modes.iter().any(|m| single_node_writer(*m))
+        && !modes
+            .iter()
+            .any(|m| matches!(m, Mode::MultiNodeMultiWriter | Mode::MultiNodeSingleWriter))
 }
 
 /// A parsed `volume_content_source`.

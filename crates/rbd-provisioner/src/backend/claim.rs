@@ -30,6 +30,12 @@ pub fn check_modes(claim: &PersistentVolumeClaim) -> Result<(), String> {
             other => return Err(format!("spec.accessModes {other:?} is not supported")),
         }
     }
+    if let Some(why) = provisioner::attach::unsupported_access_modes(modes) {
+        return Err(format!(
+            "spec.accessModes {modes:?} cannot be provisioned: {why}; ask for ReadWriteOnce (one \
+             node writes) or ReadOnlyMany (many nodes read)"
+        ));
+    }
     Ok(())
 }
 
@@ -82,13 +88,8 @@ mod tests {
     #[test]
     fn filesystem_claims_take_rwo_and_rox_only() {
         assert!(check_modes(&claim(&["ReadWriteOnce"], None)).is_ok());
-        assert!(
-            check_modes(&claim(
-                &["ReadOnlyMany", "ReadWriteOnce"],
-                Some("Filesystem")
-            ))
-            .is_ok()
-        );
+        assert!(check_modes(&claim(&["ReadOnlyMany"], Some("Filesystem"))).is_ok());
+        assert!(check_modes(&claim(&["ReadOnlyMany", "ReadWriteOncePod"], None)).is_err());
         let e = check_modes(&claim(&["ReadWriteMany"], Some("Filesystem"))).unwrap_err();
         assert!(
             e.contains("ReadWriteMany is only supported with volumeMode Block"),
@@ -100,6 +101,28 @@ mod tests {
                 .contains("spec.accessModes is empty")
         );
         assert!(check_modes(&claim(&["Sometimes"], None)).is_err());
+    }
+
+    #[test]
+    fn read_write_once_with_read_only_many_is_refused_naming_the_field_and_why() {
+        for volume_mode in [None, Some("Filesystem"), Some("Block")] {
+            let e =
+                check_modes(&claim(&["ReadOnlyMany", "ReadWriteOnce"], volume_mode)).unwrap_err();
+            assert!(
+                e.starts_with(r#"spec.accessModes ["ReadOnlyMany", "ReadWriteOnce"]"#)
+                    && e.contains("CSI does not support ReadOnlyMany and ReadWriteOnce")
+                    && e.contains("several nodes"),
+                "{e}"
+            );
+        }
+        // with ReadWriteMany (raw block) several writers are what is asked for
+        assert!(
+            check_modes(&claim(
+                &["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany"],
+                Some("Block")
+            ))
+            .is_ok()
+        );
     }
 
     #[test]

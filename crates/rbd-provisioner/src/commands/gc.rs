@@ -24,6 +24,16 @@
 //! contents are not in our lists. A record made before the cluster was recorded names none: such
 //! images are reported as "owner cluster unknown" and never removed ([`by_kube_cluster`]).
 //!
+//! **Stale publications.** An image's publication record
+//! ([`rbd_volume::publish::META_PUBLISHED`]) naming a node that no VolumeAttachment of the
+//! image's PV names is listed too: left by a detach that could not unpublish (its PV deleted
+//! first), it would refuse the volume to every other node. Judged only for images a PV of this
+//! Kubernetes cluster refers to or whose owner record names this cluster (another cluster's
+//! VolumeAttachments are not in our list). The records are read before the VolumeAttachments
+//! are listed, so a publish that raced the scan has its VolumeAttachment in the list. `--delete`
+//! lists the VolumeAttachments again and removes each stale node from the record (a
+//! compare-and-swap, as the attacher's own unpublish).
+//!
 //! Dry run by default. `--delete` checks each orphan's PV and whether any PV refers to it now
 //! (for a snapshot image: the contents) once more right before removing it, and refuses (and
 //! reports) images still mapped somewhere; it never forces. Volumes are removed with the volume core's
@@ -44,6 +54,8 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use rbd_volume::publish::{self, META_PUBLISHED, Publication};
 use rbd_volume::snapshot::{SnapshotDeleted, SnapshotOwner, is_internal_image};
 use rbd_volume::{Claimant, ClusterConfigFile, Deleted, Hooks};
 
@@ -232,30 +244,163 @@ pub fn by_kube_cluster(
 /// names a pool and an image); the pool spec is `pool/namespace` for a volume in a RADOS
 /// namespace, so a name in one namespace never stands for the same name in another.
 pub fn referenced_images(volumes: &[PersistentVolume]) -> BTreeSet<(String, String)> {
-    volumes
+    volumes.iter().filter_map(image_of).collect()
+}
+
+/// `(pool spec, image)` of a PV with an RBD image source (see [`referenced_images`]).
+fn image_of(pv: &PersistentVolume) -> Option<(String, String)> {
+    let spec = pv.spec.as_ref()?;
+    if let Some(rbd) = &spec.rbd {
+        return Some((
+            rbd.pool.clone().unwrap_or_else(|| "rbd".into()),
+            rbd.image.clone(),
+        ));
+    }
+    let csi = spec.csi.as_ref()?;
+    if let Ok(id) = rbd_csi::volume::VolumeId::parse(&csi.volume_handle) {
+        return Some((id.pool_spec(), id.image));
+    }
+    let attrs = csi.volume_attributes.as_ref()?;
+    let namespace = attrs
+        .get(crate::backend::pv_build::ATTR_NAMESPACE)
+        .map_or("", String::as_str);
+    Some((
+        ceph_rbd::pool_spec(attrs.get("pool")?, namespace),
+        attrs.get("imageName")?.clone(),
+    ))
+}
+
+/// `(pool spec, image, node)` for every VolumeAttachment of a PV in `volumes`: the node as
+/// Kubernetes names it and, when the attacher recorded one, its CSI node ID.
+pub fn attached_images(
+    attachments: &[VolumeAttachment],
+    volumes: &[PersistentVolume],
+) -> BTreeSet<(String, String, String)> {
+    let images: BTreeMap<&str, (String, String)> = volumes
         .iter()
-        .filter_map(|pv| {
-            let spec = pv.spec.as_ref()?;
-            if let Some(rbd) = &spec.rbd {
-                return Some((
-                    rbd.pool.clone().unwrap_or_else(|| "rbd".into()),
-                    rbd.image.clone(),
-                ));
-            }
-            let csi = spec.csi.as_ref()?;
-            if let Ok(id) = rbd_csi::volume::VolumeId::parse(&csi.volume_handle) {
-                return Some((id.pool_spec(), id.image));
-            }
-            let attrs = csi.volume_attributes.as_ref()?;
-            let namespace = attrs
-                .get(crate::backend::pv_build::ATTR_NAMESPACE)
-                .map_or("", String::as_str);
-            Some((
-                ceph_rbd::pool_spec(attrs.get("pool")?, namespace),
-                attrs.get("imageName")?.clone(),
-            ))
+        .filter_map(|pv| Some((pv.metadata.name.as_deref()?, image_of(pv)?)))
+        .collect();
+    let mut attached = BTreeSet::new();
+    for va in attachments {
+        let Some((pool, image)) = va
+            .spec
+            .source
+            .persistent_volume_name
+            .as_deref()
+            .and_then(|pv| images.get(pv))
+        else {
+            continue;
+        };
+        let node_id = va
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(provisioner::attach::ANN_NODE_ID));
+        for node in std::iter::once(&va.spec.node_name).chain(node_id) {
+            attached.insert((pool.clone(), image.clone(), node.clone()));
+        }
+    }
+    attached
+}
+
+/// An image published to nodes no VolumeAttachment names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stale {
+    pub pool: String,
+    pub image: String,
+    /// The nodes of its record that have no VolumeAttachment for it.
+    pub nodes: Vec<String>,
+}
+
+/// Pure: the stale entries of `published` ((pool spec, image) -> its publications), given
+/// `attached` ([`attached_images`]).
+#[must_use]
+pub fn stale_publications(
+    published: &BTreeMap<(String, String), Vec<Publication>>,
+    attached: &BTreeSet<(String, String, String)>,
+) -> Vec<Stale> {
+    published
+        .iter()
+        .filter_map(|((pool, image), publications)| {
+            let nodes: Vec<String> = publications
+                .iter()
+                .filter(|p| !attached.contains(&(pool.clone(), image.clone(), p.node.clone())))
+                .map(|p| p.node.clone())
+                .collect();
+            (!nodes.is_empty()).then(|| Stale {
+                pool: pool.clone(),
+                image: image.clone(),
+                nodes,
+            })
         })
         .collect()
+}
+
+/// The stale publications of `scanned` (read before this lists the VolumeAttachments).
+async fn find_stale(client: &Client, published: &Published) -> anyhow::Result<Vec<Stale>> {
+    let records = published
+        .iter()
+        .map(|(key, (list, _))| (key.clone(), list.clone()))
+        .collect();
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    let attachments = attachments.list(&ListParams::default()).await?.items;
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let volumes = volumes.list(&ListParams::default()).await?.items;
+    Ok(stale_publications(
+        &records,
+        &attached_images(&attachments, &volumes),
+    ))
+}
+
+/// Lists the stale publications; with `delete`, removes each node that still has no
+/// VolumeAttachment (listed again) from its record. Returns how many could not be removed.
+async fn repair_stale(
+    client: &Client,
+    published: &Published,
+    delete: bool,
+) -> anyhow::Result<usize> {
+    let stale = find_stale(client, published).await?;
+    if stale.is_empty() {
+        return Ok(0);
+    }
+    println!(
+        "published to nodes that no VolumeAttachment names (a detach that could not unpublish):"
+    );
+    println!("{:<20} {:<50} NODES", "POOL", "IMAGE");
+    for s in &stale {
+        println!("{:<20} {:<50} {}", s.pool, s.image, s.nodes.join(","));
+    }
+    if !delete {
+        println!(
+            "{} image(s) with stale publications; run with --delete to remove those nodes from their records",
+            stale.len()
+        );
+        return Ok(0);
+    }
+    // the same judgement on a fresh list: a node attached since is kept
+    let again = find_stale(client, published).await?;
+    let mut failed = 0;
+    for s in &again {
+        let Some((_, cluster)) = published.get(&(s.pool.clone(), s.image.clone())) else {
+            continue;
+        };
+        for node in &s.nodes {
+            match publish::unpublish(cluster, &s.pool, &s.image, Some(node)).await {
+                Ok(publish::Unpublished::Removed) => {
+                    println!("unpublished {}/{} from node {node}", s.pool, s.image);
+                }
+                Ok(_) => println!("{}/{} no longer published to node {node}", s.pool, s.image),
+                Err(e) => {
+                    failed += 1;
+                    eprintln!(
+                        "not unpublished {}/{} from node {node}: {e}",
+                        s.pool, s.image
+                    );
+                }
+            }
+        }
+    }
+    Ok(failed)
 }
 
 pub async fn run(args: GcArgs) -> anyhow::Result<()> {
@@ -312,13 +457,37 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
             scanned.unknown_cluster.len()
         );
     }
-    let found = scanned.orphans;
+    let unpublish_failed = repair_stale(&client, &scanned.published, args.delete).await?;
+    let remove_failed =
+        report_orphans(&client, &scanned.orphans, args.delete, &kube_cluster).await?;
+    let mut failures = Vec::new();
+    if remove_failed > 0 {
+        failures.push(format!("{remove_failed} orphaned image(s)"));
+    }
+    if unpublish_failed > 0 {
+        failures.push(format!("{unpublish_failed} stale publication(s)"));
+    }
+    anyhow::ensure!(
+        failures.is_empty(),
+        "{} could not be removed",
+        failures.join(" and ")
+    );
+    Ok(())
+}
+
+/// Lists the orphans; with `delete`, removes them. Returns how many could not be removed.
+async fn report_orphans(
+    client: &Client,
+    found: &Found,
+    delete: bool,
+    kube_cluster: &str,
+) -> anyhow::Result<usize> {
     if found.is_empty() {
         println!("no orphaned images");
-        return Ok(());
+        return Ok(0);
     }
     println!("{:<20} {:<50} {:<45} CLAIM", "POOL", "IMAGE", "PV (gone)");
-    for (o, _) in &found {
+    for (o, _) in found {
         let (pv, claim) = match &o.what {
             What::Volume(None) => ("<no owner record>", String::new()),
             What::Volume(Some(w)) if w.pv.is_empty() => ("<record cut short>", w.claim.clone()),
@@ -334,19 +503,14 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
         };
         println!("{:<20} {:<50} {:<45} {claim}", o.pool, o.image, pv);
     }
-    if !args.delete {
+    if !delete {
         println!(
             "{} orphaned image(s); run with --delete to remove them",
             found.len()
         );
-        return Ok(());
+        return Ok(0);
     }
-    let failed = remove(&client, &found, &kube_cluster).await?;
-    anyhow::ensure!(
-        failed == 0,
-        "{failed} orphaned image(s) could not be removed"
-    );
-    Ok(())
+    remove(client, found, kube_cluster).await
 }
 
 /// Removes the orphans, each checked once more; returns how many could not be removed.
@@ -430,9 +594,14 @@ async fn remove(client: &Client, found: &Found, kube_cluster: &str) -> anyhow::R
 
 type Found = Vec<(Orphan, std::sync::Arc<ceph_rbd::Cluster>)>;
 
+/// (pool spec, image) -> its publications (non-empty) and its cluster's connection.
+type Published = BTreeMap<(String, String), (Vec<Publication>, std::sync::Arc<ceph_rbd::Cluster>)>;
+
 /// What [`scan`] found.
 struct Scanned {
     orphans: Found,
+    /// Images of this Kubernetes cluster with a publication record.
+    published: Published,
     /// Candidates whose record names no Kubernetes cluster: reported, left alone.
     unknown_cluster: Found,
     /// Snapshot images not judged (no snapshot API).
@@ -447,6 +616,8 @@ struct PoolScan {
     cluster: std::sync::Arc<ceph_rbd::Cluster>,
     names: BTreeSet<String>,
     images: BTreeMap<String, ImageFacts>,
+    /// The publications of images a PV refers to or recorded for this Kubernetes cluster.
+    published: BTreeMap<String, Vec<Publication>>,
 }
 
 async fn scan(
@@ -533,7 +704,7 @@ async fn scan(
             .with_connect_timeout(timeout);
         let cluster = ceph.get(&cfg).await?;
         for spec in specs {
-            pools.push(scan_pool(cluster.clone(), spec, &referenced).await?);
+            pools.push(scan_pool(cluster.clone(), spec, &referenced, rules.kube_cluster).await?);
         }
     }
     let names = pools
@@ -547,10 +718,17 @@ async fn scan(
     let live = snapshots::live_intermediates(&names, &facts);
     let mut scanned = Scanned {
         orphans: Vec::new(),
+        published: BTreeMap::new(),
         unknown_cluster: Vec::new(),
         unknown: 0,
     };
     for p in &pools {
+        for (image, list) in &p.published {
+            scanned.published.insert(
+                (p.pool.clone(), image.clone()),
+                (list.clone(), p.cluster.clone()),
+            );
+        }
         let mut candidates = orphans(&p.pool, &p.images, &pvs, &referenced, rules);
         let internal = snapshots::orphans(&p.pool, &p.images, contents.as_ref(), &live, rules);
         scanned.unknown += internal.unknown;
@@ -566,16 +744,32 @@ async fn scan(
     Ok(scanned)
 }
 
-/// Lists `pool` and reads the facts of the images no PV refers to.
+/// Lists `pool`, reads the facts of the images no PV refers to and the publication records of
+/// those a PV refers to or recorded for Kubernetes cluster `kube_cluster`.
 async fn scan_pool(
     cluster: std::sync::Arc<ceph_rbd::Cluster>,
     pool: String,
     referenced: &BTreeSet<(String, String)>,
+    kube_cluster: &str,
 ) -> anyhow::Result<PoolScan> {
     let names: BTreeSet<String> = cluster.list_images(&pool).await?.into_iter().collect();
     let mut images = BTreeMap::new();
+    let mut published = BTreeMap::new();
+    let mut keep_record =
+        |image: &str, value: Option<&str>| match publish::parse_record(image, value) {
+            Ok(list) if !list.is_empty() => {
+                published.insert(image.to_owned(), list);
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("{pool}/{image}: {e}"),
+        };
     for image in &names {
         if referenced.contains(&(pool.clone(), image.clone())) {
+            match cluster.metadata_get(&pool, image, META_PUBLISHED).await {
+                Ok(value) => keep_record(image, value.as_deref()),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
             continue;
         }
         let facts = async {
@@ -585,6 +779,9 @@ async fn scan_pool(
         };
         match facts.await {
             Ok(facts) => {
+                if facts.meta.get(META_KUBE_CLUSTER).map(String::as_str) == Some(kube_cluster) {
+                    keep_record(image, facts.meta.get(META_PUBLISHED).map(String::as_str));
+                }
                 images.insert(image.clone(), facts);
             }
             // gone meanwhile, or a partial image nobody can open
@@ -597,6 +794,7 @@ async fn scan_pool(
         cluster,
         names,
         images,
+        published,
     })
 }
 
@@ -694,6 +892,59 @@ mod tests {
         assert!(
             names(orphans("rbd", &images, &pvs, &referenced, &rules))
                 .contains(&"young".to_string())
+        );
+    }
+
+    #[test]
+    fn a_publication_is_stale_when_no_volume_attachment_of_its_pv_names_the_node() {
+        let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pvc-1"},
+            "spec": {"rbd": {"pool": "rbd", "image": "img-1", "monitors": ["m"]}},
+        }))
+        .unwrap();
+        let va = |node: &str, node_id: Option<&str>, pv: &str| -> VolumeAttachment {
+            let annotations =
+                node_id.map(|id| serde_json::json!({"csi.alpha.kubernetes.io/node-id": id}));
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("va-{node}"), "annotations": annotations},
+                "spec": {"attacher": "d", "nodeName": node, "source": {"persistentVolumeName": pv}},
+            }))
+            .unwrap()
+        };
+        let attachments = [
+            va("node-a", None, "pvc-1"),
+            va("node-b", Some("id-b"), "pvc-1"),
+            // a VolumeAttachment of another PV says nothing about img-1
+            va("node-c", None, "pvc-other"),
+        ];
+        let attached = attached_images(&attachments, &[pv]);
+        let p = |node: &str| Publication {
+            node: node.to_owned(),
+            sharing: rbd_volume::publish::Sharing::MultiNode,
+            readonly: true,
+        };
+        let key = |image: &str| ("rbd".to_owned(), image.to_owned());
+        let published = BTreeMap::from([
+            (
+                key("img-1"),
+                vec![p("node-a"), p("id-b"), p("node-c"), p("dead")],
+            ),
+            (key("img-2"), vec![p("node-a")]),
+        ]);
+        assert_eq!(
+            stale_publications(&published, &attached),
+            [
+                Stale {
+                    pool: "rbd".into(),
+                    image: "img-1".into(),
+                    nodes: vec!["node-c".into(), "dead".into()],
+                },
+                Stale {
+                    pool: "rbd".into(),
+                    image: "img-2".into(),
+                    nodes: vec!["node-a".into()],
+                },
+            ]
         );
     }
 
