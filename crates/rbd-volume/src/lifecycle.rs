@@ -13,6 +13,7 @@
 //! | image without owner record, or with a record cut before its PV key | a crash between create and record | adopts it, completes the record |
 //! | image recorded for this volume | a retry | reuses it (size per [`Fit`]) |
 //! | image recorded for another volume | a name collision | refuses ([`Error::Foreign`]) |
+//! | image with object-map whose map is missing or flagged invalid | a create killed between its header and its object map (librbd flags the map it then finds missing) | rebuilds the map from the objects that exist, then as above |
 //!
 //! [`Hooks`] are called at each [`Step`], so crash-consistency tests can abort the process there.
 

@@ -41,8 +41,12 @@
 //!
 //! Crash consistency: each step is found again by the next attempt (the names are
 //! deterministic, the record is written right after the clone, before the flatten and the
-//! snapshot `N@N`, the request name key last): an image without record is adopted and
+//! snapshot `N@N`, the request name key last): an image found again is first checked as a
+//! clone (`check_clone`: one cut before its parent was recorded holds nothing of its source and
+//! is removed and cloned again, a missing child entry or parent metadata is completed, a
+//! parent other than the expected one refused), then an image without record is adopted and
 //! completed, a leftover temporary snapshot is reused or, when the source is deleted, removed.
+//! A flattened image is told from a half-made one by [`FLAT`], recorded before every flatten.
 //! A flatten (the one step that can outlast an attempt: librbd goes on after our deadline)
 //! thus always finds the record on the image; the next attempt checks the depth again and
 //! finishes it, and the owner can delete the image meanwhile. Inherited keys are told apart by

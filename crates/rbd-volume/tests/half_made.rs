@@ -490,3 +490,66 @@ fn image_id(image: &str) -> String {
         .unwrap()
         .to_owned()
 }
+
+/// Every object of the image whose ID is `id`, and its ID object.
+fn objects_of(image: &str, id: &str) -> Vec<String> {
+    micro_ceph::cluster()
+        .rados(&["-p", pool(), "ls"])
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(id) || *l == format!("rbd_id.{image}"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_cut_after_the_data_or_the_header_is_finished_by_the_retry() {
+    let cluster = cluster().await;
+    for step in [
+        ceph_rbd::steps::REMOVE_PROBED,
+        ceph_rbd::steps::REMOVE_AFTER_DATA,
+        ceph_rbd::steps::REMOVE_AFTER_HEADER,
+    ] {
+        let image = format!("cut-removal-{}", step.rsplit('-').next().unwrap());
+        source_with_data(&cluster, &image).await;
+        let id = image_id(&image);
+        {
+            let _crash = crash_at(step, &image);
+            let first = rbd_volume::delete_volume(
+                &cluster,
+                pool(),
+                &image,
+                &Claimant::image(),
+                &Hooks::default(),
+            )
+            .await;
+            assert!(first.is_err(), "{step}: {first:?}");
+        }
+        assert!(
+            !objects_of(&image, &id).is_empty(),
+            "{step}: something is left"
+        );
+        let again = rbd_volume::delete_volume(
+            &cluster,
+            pool(),
+            &image,
+            &Claimant::image(),
+            &Hooks::default(),
+        )
+        .await
+        .unwrap();
+        assert!(
+            matches!(again, Deleted::Removed | Deleted::AlreadyGone),
+            "{step}: {again:?}"
+        );
+        assert_eq!(
+            objects_of(&image, &id),
+            Vec::<String>::new(),
+            "{step}: left behind"
+        );
+        assert!(
+            !cluster.list_images(pool()).await.unwrap().contains(&image),
+            "{step}: still listed"
+        );
+    }
+}
