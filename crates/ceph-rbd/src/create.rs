@@ -200,6 +200,9 @@ pub(crate) fn create_plain(
     opts: &CreateOptions,
     lock_secs: u32,
 ) -> Result<Plain, Error> {
+    if crate::librbd_only::librbd_only() {
+        return Ok(Plain::No(crate::librbd_only::WHY));
+    }
     let default_order = io
         .conf_get(op, "rbd_default_order")?
         .parse::<u8>()

@@ -154,6 +154,9 @@ pub(crate) fn take(
     snap: &str,
     under: Under,
 ) -> Result<Taken, Error> {
+    if crate::librbd_only::librbd_only() {
+        return Ok(Taken::LeftToLibrbd);
+    }
     let header = format!("rbd_header.{id}");
     let features = crate::header::features(io, op, target, id)?;
     if features.bits() & !HANDLED.bits() != 0 {

@@ -40,6 +40,7 @@ mod features;
 mod first_snapshot;
 mod header;
 pub mod key;
+mod librbd_only;
 mod lifecycle;
 pub mod namespace;
 mod plain_clone;
@@ -59,6 +60,7 @@ pub use config::{ClusterConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, Sec
 pub use create::created_without_librbd;
 pub use error::Error;
 pub use features::Features;
+pub use librbd_only::{ENV as LIBRBD_ONLY_ENV, librbd_only, set_librbd_only};
 pub use lifecycle::{ShutdownReport, busy_calls, shutdown};
 pub use namespace::{pool_spec, split_pool_spec};
 pub use plain_clone::cloned_without_librbd;

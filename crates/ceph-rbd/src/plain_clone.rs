@@ -167,6 +167,9 @@ pub(crate) fn clone(
     lock_secs: u32,
 ) -> Result<Cloned, Error> {
     let op = OP;
+    if crate::librbd_only::librbd_only() {
+        return Ok(Cloned::LeftToLibrbd(crate::librbd_only::WHY));
+    }
     if !parent.features.contains(Features::LAYERING) {
         return Ok(Cloned::LeftToLibrbd("the parent has no layering"));
     }

@@ -150,6 +150,9 @@ pub(crate) fn remove_plain(
     name: &str,
     id: &str,
 ) -> Result<Plain, Error> {
+    if crate::librbd_only::librbd_only() {
+        return Ok(Plain::No(crate::librbd_only::WHY));
+    }
     if trash_on_remove(io, op, target)? {
         return Ok(Plain::No("rbd_move_to_trash_on_remove is set"));
     }

@@ -26,6 +26,10 @@ fn main() {
     // librados' and librbd's threads run in this process: if one crashes, say where
     crash_report::install("rbd-provisioner");
     cli::crashpoint::install_ceph_steps();
+    ceph_rbd::set_librbd_only(cli.librbd_only);
+    if cli.librbd_only {
+        tracing::info!("every image operation goes through librbd (--librbd-only)");
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

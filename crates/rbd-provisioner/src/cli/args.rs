@@ -28,6 +28,10 @@ pub struct Cli {
     pub provisioner: ProvisionerArgs,
     #[command(flatten)]
     pub log: LogArgs,
+    /// Send every image operation (create, clone, snapshot, remove) through librbd instead of
+    /// the RADOS-level paths this driver takes for plain images (see docs/provisioner.md).
+    #[arg(long, global = true, env = "RBD_LIBRBD_ONLY", num_args = 0..=1, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub librbd_only: bool,
 }
 
 #[derive(Subcommand, Debug)]
