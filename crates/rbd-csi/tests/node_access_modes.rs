@@ -1,13 +1,13 @@
 //! Access modes on the node: a reader-only volume is mapped and mounted read-only, never
 //! formatted, checked or grown; a single-node-writer volume is not staged while a client of
 //! another node has the image open (its Ceph watchers). Real data path (fuse-loop mapper,
-//! micro-ceph); runs as root. The "other node" runs in this process with its own runtime
-//! directory (its own rbd-fuse) and is told that none of this host's addresses are its own, as
-//! a second host would be.
+//! micro-ceph); runs as root. The "other node" runs in this process with its own node ID and
+//! runtime directory (its own rbd-fuse), on this host's addresses: nodes are told apart by
+//! identity, not by address.
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -117,8 +117,8 @@ async fn a_reader_only_stage_of_a_blank_image_is_refused_and_writes_nothing() {
     assert_eq!(du["images"][0]["used_size"], 0, "image has data: {du}");
 }
 
-/// A second node, served in this process: its own runtime directory (its own rbd-fuse), and no
-/// address of this host is its own.
+/// A second node, served in this process: its own node ID and runtime directory (its own
+/// rbd-fuse), the same addresses as the first.
 struct OtherNode {
     node: NodeService,
     dir: tempfile::TempDir,
@@ -139,8 +139,7 @@ impl OtherNode {
             daemons: Default::default(),
             kms_config: Default::default(),
             secrets: None,
-        })
-        .with_local_addresses(HashSet::new());
+        });
         let cleanup = NodeCleanup {
             dirs: vec![dir.path().to_path_buf()],
         };
