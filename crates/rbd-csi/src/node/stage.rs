@@ -55,6 +55,7 @@ pub(super) async fn stage(
         node.config.default_mounter,
         node.config.cluster_config.as_deref(),
     )?;
+    refuse_writable_map_options(read_only, mode, &params.image)?;
     let _guard = node.locks.lock_or_abort(volume_id)?;
 
     let block = access.is_block();
@@ -97,24 +98,7 @@ pub(super) async fn stage(
         None
     };
     tracing::info!(volume_id, image = %params.image, mounter = %params.mounter, read_only, "mapping image");
-    let mapped = match mapper.map_with(&params.image, &params.key, &options).await {
-        Ok(mapped) => mapped,
-        Err(e) => {
-            if let Some(claim) = claim {
-                claim.release().await;
-            }
-            return Err(e.into());
-        }
-    };
-    if let Some(claim) = claim
-        && let Err(status) = claim.commit().await
-    {
-        tracing::warn!(volume_id, error = %status.message(), "recording the writer failed; unmapping");
-        if let Err(e) = mapper.unmap_with(&mapped, &params.image, &options).await {
-            tracing::warn!(volume_id, error = %e, "unmap after failed stage failed");
-        }
-        return Err(status);
-    }
+    let mapped = map_claimed(mapper.as_ref(), &params, &options, claim).await?;
     let record = StagingRecord {
         volume_id: volume_id.to_owned(),
         image: params.image.clone(),
@@ -224,6 +208,52 @@ pub(super) fn staged_target_mounted(staging: &Path, block: bool) -> Result<bool,
         staging.to_path_buf()
     };
     mount::is_mount_point(&target).map_err(|e| internal("reading mount table", &e))
+}
+
+/// A read-only stage whose `mapOptions` ask for a writable mapping (`rw`, `read_write`):
+/// `INVALID_ARGUMENT` naming the field.
+fn refuse_writable_map_options(
+    read_only: bool,
+    mode: csi::volume_capability::access_mode::Mode,
+    image: &ImageSpec,
+) -> Result<(), Status> {
+    match crate::mapper::options::writable_option(image.map_options.as_deref()) {
+        Some(option) if read_only => Err(Status::invalid_argument(format!(
+            "volume_context.mapOptions: option {option:?} maps the image writable, and the \
+             volume is staged read-only (access mode {})",
+            mode.as_str_name()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Maps the image. With a writer claim: releases it when the map fails, and records this node
+/// as the writer once mapped (unmapping again when that fails).
+async fn map_claimed(
+    mapper: &dyn crate::mapper::Mapper,
+    params: &request::StageParams,
+    options: &MapOptions,
+    claim: Option<Box<dyn access::WriterClaim>>,
+) -> Result<crate::mapper::MappedDevice, Status> {
+    let mapped = match mapper.map_with(&params.image, &params.key, options).await {
+        Ok(mapped) => mapped,
+        Err(e) => {
+            if let Some(claim) = claim {
+                claim.release().await;
+            }
+            return Err(e.into());
+        }
+    };
+    if let Some(claim) = claim
+        && let Err(status) = claim.commit().await
+    {
+        tracing::warn!(image = %params.image, error = %status.message(), "recording the writer failed; unmapping");
+        if let Err(e) = mapper.unmap_with(&mapped, &params.image, options).await {
+            tracing::warn!(image = %params.image, error = %e, "unmap after failed stage failed");
+        }
+        return Err(status);
+    }
+    Ok(mapped)
 }
 
 /// Takes the image's stage lock for a read-write single-node stage and decides by node identity
