@@ -32,18 +32,37 @@ impl<'a> Volume<'a> {
         }
     }
 
+    /// NodeStageVolume, retried as the kubelet retries it while the only refusal is a watcher
+    /// no node of this driver staged (`not staged read-write by any node`): the tests of one
+    /// binary share one pool, and a client of a parallel test (seen: a transient watch from
+    /// another test's processes, gone within a second) is such a watcher. A refusal naming a
+    /// node, or any other error, is returned at once.
     pub async fn stage(&mut self) -> Result<(), tonic::Status> {
-        self.node
-            .node_stage_volume(csi::NodeStageVolumeRequest {
-                volume_id: self.image.volume_id(),
-                staging_target_path: self.staging.display().to_string(),
-                volume_capability: Some(self.cap.clone()),
-                secrets: self.image.secrets(),
-                volume_context: self.image.context(),
-                publish_context: HashMap::new(),
-            })
-            .await
-            .map(drop)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let result = self
+                .node
+                .node_stage_volume(csi::NodeStageVolumeRequest {
+                    volume_id: self.image.volume_id(),
+                    staging_target_path: self.staging.display().to_string(),
+                    volume_capability: Some(self.cap.clone()),
+                    secrets: self.image.secrets(),
+                    volume_context: self.image.context(),
+                    publish_context: HashMap::new(),
+                })
+                .await
+                .map(drop);
+            match result {
+                Err(e)
+                    if e.code() == tonic::Code::FailedPrecondition
+                        && e.message().contains("not staged read-write by any node")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     pub async fn publish(&mut self, readonly: bool) -> Result<(), tonic::Status> {
