@@ -6,7 +6,8 @@
 //! **Credentials**: the request's secrets (a PV's `controllerPublishSecretRef`), else the
 //! `--probe-key-file` user's. With neither (a PV made before publishing existed, on a controller
 //! without a probe key) nothing can be read or recorded: the publish succeeds without a record,
-//! and Kubernetes' own Multi-Attach check and the node's watcher check remain the protection.
+//! and Kubernetes' own Multi-Attach check and the node's one-writer check (watchers judged by
+//! node identity, `crate::node::access`) remain the protection.
 //!
 //! **Nodes**: a plugin that also serves the node (`--services=all`) is that one node: a publish
 //! to any other node ID is `NOT_FOUND`, and with `--max-volumes-per-node` a publish beyond that
