@@ -38,6 +38,7 @@
 //! is the line that holds there. A transient watcher (the controller snapshotting the image)
 //! makes a stage fail until it is gone.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -258,8 +259,10 @@ pub struct WriterState {
 ///
 /// - a publication record naming other nodes and not `node`: refused (the volume is attached
 ///   elsewhere; a node never attached does not write it);
-/// - no watchers: allowed (nobody has the image open; a [`META_STAGED_BY`] of a node whose
-///   mapping is gone does not count);
+/// - no watchers but this node's own clients (`own_clients`, [`OwnClients`]: an rbd-fuse
+///   instance of this node opens every image of its pool when its mount is `statfs`ed, which
+///   the kernel does when a loop device is attached to one of its files): allowed (a
+///   [`META_STAGED_BY`] of a node whose mapping is gone does not count);
 /// - watchers, and [`META_STAGED_BY`] names `node`, or names nobody while `staged_here`: they
 ///   are this node's own mapping, allowed;
 /// - otherwise refused: another client has the image open.
@@ -271,6 +274,7 @@ pub fn judge_writer(
     node: &str,
     state: &WriterState,
     staged_here: bool,
+    own_clients: &HashSet<u64>,
 ) -> Result<(), String> {
     let published_here = state.published.iter().any(|p| p.node == node);
     if !state.published.is_empty() && !published_here {
@@ -282,7 +286,12 @@ pub fn judge_writer(
             others.join(", ")
         ));
     }
-    if state.watchers.is_empty() {
+    let foreign: Vec<&Watcher> = state
+        .watchers
+        .iter()
+        .filter(|w| !own_clients.contains(&w.id))
+        .collect();
+    if foreign.is_empty() {
         return Ok(());
     }
     let ours = match state.staged_by.as_deref() {
@@ -292,7 +301,7 @@ pub fn judge_writer(
     if ours {
         return Ok(());
     }
-    let names: Vec<String> = state.watchers.iter().map(ToString::to_string).collect();
+    let names: Vec<String> = foreign.iter().map(ToString::to_string).collect();
     let by = match state.staged_by.as_deref() {
         Some(by) => format!("staged read-write by node {by}"),
         None => "not staged read-write by any node of this driver".to_owned(),
@@ -304,12 +313,90 @@ pub fn judge_writer(
     ))
 }
 
+/// The Ceph clients (global IDs) of this node's own mappings, per cluster fsid: learnt when a
+/// read-write stage maps an image, as the one watcher that appeared with the mapping (under the
+/// stage lock, so no other node's stage can add one meanwhile), kept in `<runtime
+/// dir>/own-clients/<fsid>`, one ID a line. Global IDs are never reused by a cluster, so an ID
+/// of a mapping that has gone is harmless: it never watches again. A client of this node that
+/// watches an image it did not map (the rbd-fuse instance of the pool) is thus known as this
+/// node's, by identity, not by address.
+#[derive(Debug, Clone)]
+pub struct OwnClients {
+    dir: std::path::PathBuf,
+}
+
+impl OwnClients {
+    /// The record under `runtime_dir`.
+    #[must_use]
+    pub fn new(runtime_dir: &std::path::Path) -> OwnClients {
+        OwnClients {
+            dir: runtime_dir.join("own-clients"),
+        }
+    }
+
+    fn file(&self, fsid: Option<&str>) -> Option<std::path::PathBuf> {
+        let fsid = fsid?;
+        // an fsid is a UUID; anything else is never used as a file name
+        fsid.bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b'-')
+            .then(|| self.dir.join(fsid))
+    }
+
+    /// The recorded clients of the cluster `fsid` (none when it is unknown).
+    #[must_use]
+    pub fn of(&self, fsid: Option<&str>) -> HashSet<u64> {
+        self.file(fsid)
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Records `id` as a client of this node in the cluster `fsid`.
+    ///
+    /// # Errors
+    /// The filesystem's.
+    pub fn record(&self, fsid: Option<&str>, id: u64) -> std::io::Result<()> {
+        use std::io::Write;
+        let Some(file) = self.file(fsid) else {
+            return Ok(());
+        };
+        if self.of(fsid).contains(&id) {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.dir)?;
+        let mut out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)?;
+        writeln!(out, "{id}")
+    }
+}
+
+/// The one watcher in `after` that is not in `before`, if exactly one appeared.
+#[must_use]
+pub fn new_watcher(before: &[Watcher], after: &[Watcher]) -> Option<u64> {
+    let mut new = after
+        .iter()
+        .filter(|w| !before.iter().any(|b| b.id == w.id))
+        .map(|w| w.id);
+    let first = new.next()?;
+    new.all(|id| id == first).then_some(first)
+}
+
 /// A read-write stage's hold on [`STAGE_LOCK`] ([`ClusterCheck::writer_claim`]): what it read,
 /// and the two ways to end it.
 #[async_trait::async_trait]
 pub trait WriterClaim: Send + Sync {
     /// What was read under the lock.
     fn state(&self) -> &WriterState;
+
+    /// The image's watchers now (after the map, to learn this node's client).
+    ///
+    /// # Errors
+    /// Ceph errors.
+    async fn watchers_now(&self) -> Result<Vec<Watcher>, Status> {
+        Ok(Vec::new())
+    }
 
     /// Records this node in [`META_STAGED_BY`] (only while the lock is still held) and releases
     /// the lock.
@@ -383,6 +470,20 @@ impl CephClaim {
 impl WriterClaim for CephClaim {
     fn state(&self) -> &WriterState {
         &self.state
+    }
+
+    async fn watchers_now(&self) -> Result<Vec<Watcher>, Status> {
+        Ok(self
+            .cluster
+            .watchers(&self.pool, &self.image)
+            .await
+            .map_err(ceph_status)?
+            .into_iter()
+            .map(|w| Watcher {
+                address: w.address,
+                id: w.id,
+            })
+            .collect())
     }
 
     async fn commit(mut self: Box<Self>) -> Result<(), Status> {
@@ -554,16 +655,20 @@ mod tests {
             published: published(&["node-a"]),
             ..WriterState::default()
         };
-        let err = judge_writer(&image(), "node-b", &state, false).unwrap_err();
+        let err = judge_writer(&image(), "node-b", &state, false, &HashSet::new()).unwrap_err();
         assert!(
             err.contains("node(s) node-a") && err.contains("node-b"),
             "{err}"
         );
-        assert_eq!(judge_writer(&image(), "node-a", &state, false), Ok(()));
+        assert_eq!(
+            judge_writer(&image(), "node-a", &state, false, &HashSet::new()),
+            Ok(())
+        );
     }
 
     #[test]
     fn watchers_count_as_ours_only_by_the_staged_by_record_or_our_own_staging_record() {
+        let none = HashSet::new();
         let by = |node: Option<&str>| WriterState {
             published: Vec::new(),
             staged_by: node.map(str::to_owned),
@@ -571,18 +676,21 @@ mod tests {
         };
         // the same address means nothing: identity decides
         assert_eq!(
-            judge_writer(&image(), "node-a", &by(Some("node-a")), false),
+            judge_writer(&image(), "node-a", &by(Some("node-a")), false, &none),
             Ok(())
         );
-        let err = judge_writer(&image(), "node-b", &by(Some("node-a")), true).unwrap_err();
+        let err = judge_writer(&image(), "node-b", &by(Some("node-a")), true, &none).unwrap_err();
         assert!(
             err.contains("in use by another client")
                 && err.contains("staged read-write by node node-a"),
             "{err}"
         );
         // no record in Ceph (an older version staged it): only our own staging record proves it
-        assert_eq!(judge_writer(&image(), "node-b", &by(None), true), Ok(()));
-        let err = judge_writer(&image(), "node-b", &by(None), false).unwrap_err();
+        assert_eq!(
+            judge_writer(&image(), "node-b", &by(None), true, &none),
+            Ok(())
+        );
+        let err = judge_writer(&image(), "node-b", &by(None), false, &none).unwrap_err();
         assert!(err.contains("client.4157"), "{err}");
     }
 
@@ -593,7 +701,61 @@ mod tests {
             staged_by: Some("node-a".into()),
             watchers: Vec::new(),
         };
-        assert_eq!(judge_writer(&image(), "node-b", &state, false), Ok(()));
+        assert_eq!(
+            judge_writer(&image(), "node-b", &state, false, &HashSet::new()),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn this_nodes_own_clients_do_not_block_it_and_others_still_do() {
+        let state = WriterState {
+            published: Vec::new(),
+            staged_by: None,
+            watchers: watched(),
+        };
+        let own: HashSet<u64> = [4157].into();
+        assert_eq!(
+            judge_writer(&image(), "node-b", &state, false, &own),
+            Ok(())
+        );
+        let mut both = state.clone();
+        both.watchers.push(Watcher {
+            address: "127.0.0.1:0/1".into(),
+            id: 9000,
+        });
+        let err = judge_writer(&image(), "node-b", &both, false, &own).unwrap_err();
+        assert!(
+            err.contains("client.9000") && !err.contains("client.4157"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn own_clients_are_learnt_as_the_one_new_watcher_and_kept_per_cluster() {
+        let w = |id| Watcher {
+            address: "127.0.0.1:0/1".into(),
+            id,
+        };
+        assert_eq!(new_watcher(&[w(1)], &[w(1), w(2)]), Some(2));
+        assert_eq!(new_watcher(&[w(1)], &[w(1)]), None);
+        assert_eq!(
+            new_watcher(&[], &[w(2), w(3)]),
+            None,
+            "two new: neither is known ours"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let own = OwnClients::new(tmp.path());
+        let fsid = "2d1c6c24-1b4e-4f0e-9d55-1f0b8a1e2c3d";
+        own.record(Some(fsid), 7).unwrap();
+        own.record(Some(fsid), 7).unwrap();
+        own.record(Some(fsid), 8).unwrap();
+        assert_eq!(own.of(Some(fsid)), [7, 8].into());
+        assert!(own.of(Some("another-0000")).is_empty());
+        assert!(own.of(None).is_empty());
+        // an fsid that is no UUID never becomes a path
+        own.record(Some("../x"), 1).unwrap();
+        assert!(!tmp.path().join("x").exists());
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub struct NodeService {
     mappers: HashMap<MounterKind, Arc<dyn Mapper>>,
     locks: VolumeLocks,
     cluster: Arc<dyn access::ClusterCheck>,
+    /// The Ceph clients of this node's own mappings ([`access::OwnClients`]).
+    own_clients: access::OwnClients,
 }
 
 impl std::fmt::Debug for NodeService {
@@ -101,10 +103,11 @@ impl NodeService {
     #[must_use]
     pub fn with_mappers(config: NodeConfig, mappers: Vec<Arc<dyn Mapper>>) -> Self {
         Self {
-            config,
             mappers: mappers.into_iter().map(|m| (m.kind(), m)).collect(),
             locks: VolumeLocks::new(),
             cluster: Arc::new(access::CephCheck),
+            own_clients: access::OwnClients::new(&config.runtime_dir),
+            config,
         }
     }
 

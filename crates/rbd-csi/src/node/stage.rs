@@ -91,6 +91,7 @@ pub(super) async fn stage(
                 &params.image,
                 &params.key,
                 staged == Staged::RecordOnly,
+                view.fsid.as_deref(),
             )
             .await?,
         )
@@ -98,7 +99,7 @@ pub(super) async fn stage(
         None
     };
     tracing::info!(volume_id, image = %params.image, mounter = %params.mounter, read_only, "mapping image");
-    let mapped = map_claimed(mapper.as_ref(), &params, &options, claim).await?;
+    let mapped = map_claimed(node, mapper.as_ref(), &params, &options, claim).await?;
     let record = StagingRecord {
         volume_id: volume_id.to_owned(),
         image: params.image.clone(),
@@ -230,6 +231,7 @@ fn refuse_writable_map_options(
 /// Maps the image. With a writer claim: releases it when the map fails, and records this node
 /// as the writer once mapped (unmapping again when that fails).
 async fn map_claimed(
+    node: &NodeService,
     mapper: &dyn crate::mapper::Mapper,
     params: &request::StageParams,
     options: &MapOptions,
@@ -244,6 +246,9 @@ async fn map_claimed(
             return Err(e.into());
         }
     };
+    if let Some(claim) = &claim {
+        learn_own_client(node, claim.as_ref(), options.cluster_fsid.as_deref()).await;
+    }
     if let Some(claim) = claim
         && let Err(status) = claim.commit().await
     {
@@ -256,6 +261,29 @@ async fn map_claimed(
     Ok(mapped)
 }
 
+/// Records the one watcher the map added (still under the stage lock) as this node's own client
+/// ([`access::OwnClients`]). Best effort: a failure only means the client is not known as ours.
+async fn learn_own_client(node: &NodeService, claim: &dyn access::WriterClaim, fsid: Option<&str>) {
+    let after = match claim.watchers_now().await {
+        Ok(after) => after,
+        Err(e) => {
+            tracing::debug!(error = %e.message(), "listing watchers after the map failed");
+            return;
+        }
+    };
+    if let Some(id) = access::new_watcher(&claim.state().watchers, &after) {
+        let (own, fsid) = (node.own_clients.clone(), fsid.map(str::to_owned));
+        let recorded = blocking(move || {
+            own.record(fsid.as_deref(), id)
+                .map_err(|e| internal("recording this node's Ceph client", &e))
+        })
+        .await;
+        if let Err(e) = recorded {
+            tracing::warn!(client = id, error = %e.message(), "not recorded as this node's client");
+        }
+    }
+}
+
 /// Takes the image's stage lock for a read-write single-node stage and decides by node identity
 /// whether this node may write it ([`access::judge_writer`]); refused: `FAILED_PRECONDITION`,
 /// the lock released.
@@ -264,12 +292,22 @@ async fn claim_writer(
     image: &ImageSpec,
     key: &crate::mapper::Key,
     staged_here: bool,
+    fsid: Option<&str>,
 ) -> Result<Box<dyn access::WriterClaim>, Status> {
     let claim = node
         .cluster
         .writer_claim(image, key, &node.config.node_id)
         .await?;
-    match access::judge_writer(image, &node.config.node_id, claim.state(), staged_here) {
+    let own = node.own_clients.clone();
+    let fsid_owned = fsid.map(str::to_owned);
+    let own = blocking(move || Ok(own.of(fsid_owned.as_deref()))).await?;
+    match access::judge_writer(
+        image,
+        &node.config.node_id,
+        claim.state(),
+        staged_here,
+        &own,
+    ) {
         Ok(()) => Ok(claim),
         Err(refusal) => {
             claim.release().await;

@@ -34,11 +34,13 @@ impl<'a> Volume<'a> {
 
     /// NodeStageVolume, retried as the kubelet retries it while the only refusal is a watcher
     /// no node of this driver staged (`not staged read-write by any node`): the tests of one
-    /// binary share one pool, and a client of a parallel test (seen: a transient watch from
-    /// another test's processes, gone within a second) is such a watcher. A refusal naming a
-    /// node, or any other error, is returned at once.
+    /// binary share one pool, and a parallel test's rbd-fuse opens every image of it when its
+    /// mount is `statfs`ed (each loop attach, a NodeGetVolumeStats of the mount), and keeps them
+    /// open until it exits (a test stops one for up to 20 s; a killed one's watches last the
+    /// OSD's 30 s watch timeout). A refusal naming a node, or any other error, is returned at
+    /// once.
     pub async fn stage(&mut self) -> Result<(), tonic::Status> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
             let result = self
                 .node
