@@ -15,10 +15,11 @@
 //!    ([`rbd_volume::publish::META_PUBLISHED`]), the image metadata [`META_STAGED_BY`] (the node
 //!    that last staged it read-write) and the image's watchers, and decides
 //!    ([`judge_writer`]): refused when the record names other nodes and not this one; refused
-//!    when the image has watchers that are not provably this node's (the record
-//!    [`META_STAGED_BY`] names another node or none, and this node has no staging record of the
-//!    volume at the staging path);
-//! 3. maps the image (its client watches the header from now on);
+//!    when the image has watchers that are not provably this node's (not one of this node's own
+//!    clients, [`OwnClients`], and the record [`META_STAGED_BY`] names another node or none
+//!    while this node has no staging record of the volume at the staging path);
+//! 3. maps the image (its client watches the header from now on), and records the one watcher
+//!    that appeared as this node's own client ([`OwnClients`]);
 //! 4. records this node in [`META_STAGED_BY`] in one operation with `assert_locked` (a stage
 //!    whose lock expired meanwhile writes nothing, and unmaps again), and unlocks.
 //!
