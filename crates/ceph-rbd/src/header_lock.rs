@@ -13,8 +13,9 @@
 //! it by itself; [`Cluster::metadata_set_locked`] applies all of its changes or none, and none
 //! unless the caller still holds the lock.
 //!
-//! **Caveats**: the lock lives on the header, so it needs a format-2 image (format-1 images are
-//! refused with `InvalidArgument`).
+//! **Caveats**: the lock lives on the header, so it needs a format-2 image (for a format-1
+//! image [`Cluster::header_lock`] says [`Locked::Format1`] and the other calls are refused with
+//! `InvalidArgument`).
 
 use crate::cluster::{Cluster, check_image_name};
 use crate::error::Error;
@@ -34,6 +35,17 @@ pub struct HeaderLock {
     pub secs: u32,
 }
 
+/// What [`Cluster::header_lock`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Locked {
+    /// This client holds the lock now.
+    Taken,
+    /// Another holder has it.
+    Busy,
+    /// A format-1 image: no header this lock can live on.
+    Format1,
+}
+
 /// `rbd_header.<id>` of image `name`, or `InvalidArgument` for a format-1 image.
 fn header_object(
     io: &IoCtx<'_>,
@@ -47,7 +59,7 @@ fn header_object(
             // a format-1 image has a `<name>.rbd` header and no ID object
             match io.read(op, target, &format!("{name}.rbd"), 1) {
                 Ok(_) => Err(Error::invalid(
-                    op,
+                    FORMAT1_OP,
                     target.to_owned(),
                     "a format-1 image has no header this lock can live on",
                 )),
@@ -58,18 +70,20 @@ fn header_object(
     }
 }
 
+/// The operation a format-1 image's refusal names (told apart by [`Cluster::header_lock`]).
+const FORMAT1_OP: &str = "find the image header";
+
 impl Cluster {
-    /// Takes `lock` on the header of image `name` in `pool` (a pool spec): `Ok(true)` when this
-    /// client holds it now, `Ok(false)` while another holder has it.
+    /// Takes `lock` on the header of image `name` in `pool` (a pool spec).
     ///
     /// # Errors
-    /// `NotFound` for a missing image; `InvalidArgument` for a format-1 one; Ceph's errors.
+    /// `NotFound` for a missing image; Ceph's errors.
     pub async fn header_lock(
         &self,
         pool: &str,
         name: &str,
         lock: &HeaderLock,
-    ) -> Result<bool, Error> {
+    ) -> Result<Locked, Error> {
         let op = "lock image header";
         check_image_name(op, pool, name)?;
         let (name, target) = (name.to_owned(), format!("{pool}/{name}"));
@@ -87,10 +101,11 @@ impl Cluster {
             })
             .await;
         match result {
-            Ok(()) => Ok(true),
+            Ok(()) => Ok(Locked::Taken),
             // this client and cookie already hold it
-            Err(e) if e.is_already_exists() => Ok(true),
-            Err(Error::Busy { .. }) => Ok(false),
+            Err(e) if e.is_already_exists() => Ok(Locked::Taken),
+            Err(Error::Busy { .. }) => Ok(Locked::Busy),
+            Err(Error::InvalidArgument { op: FORMAT1_OP, .. }) => Ok(Locked::Format1),
             Err(e) => Err(e),
         }
     }

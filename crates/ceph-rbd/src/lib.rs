@@ -58,7 +58,7 @@ pub use config::{ClusterConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, Sec
 pub use create::created_without_librbd;
 pub use error::Error;
 pub use features::Features;
-pub use header_lock::HeaderLock;
+pub use header_lock::{HeaderLock, Locked};
 pub use lifecycle::{ShutdownReport, busy_calls, shutdown};
 pub use namespace::{pool_spec, split_pool_spec};
 pub use plain_clone::cloned_without_librbd;
