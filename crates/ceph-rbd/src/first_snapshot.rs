@@ -171,7 +171,7 @@ pub(crate) fn take(
         return Ok(Taken::LeftToLibrbd);
     }
     let lock = if under == Under::ExclusiveLock {
-        let Some(lock) = HeaderLock::take(io, op, target, &header)? else {
+        let Some(lock) = ExclusiveLock::take(io, op, target, &header)? else {
             return Ok(Taken::LeftToLibrbd);
         };
         if lock.others_watch()? {
@@ -197,7 +197,7 @@ pub(crate) fn take(
         _ => Ok(()),
     };
     let locked = lock.is_some();
-    let released = lock.map_or(Ok(()), HeaderLock::release);
+    let released = lock.map_or(Ok(()), ExclusiveLock::release);
     if locked {
         crate::steps::hit(crate::steps::SNAPSHOT_UNLOCKED, target);
     }
@@ -209,7 +209,7 @@ pub(crate) fn take(
 
 /// librbd's exclusive lock on an image's header, held by this client as librbd holds it: the
 /// lock with a cookie naming a watch this client keeps on the header meanwhile.
-pub(crate) struct HeaderLock<'a> {
+pub(crate) struct ExclusiveLock<'a> {
     io: &'a IoCtx<'a>,
     op: &'static str,
     target: &'a str,
@@ -219,20 +219,20 @@ pub(crate) struct HeaderLock<'a> {
     watch: Option<Watch<'a>>,
 }
 
-impl<'a> HeaderLock<'a> {
+impl<'a> ExclusiveLock<'a> {
     /// Watches `header` and locks it; `None` (and no watch) when somebody holds the lock.
     pub(crate) fn take(
         io: &'a IoCtx<'a>,
         op: &'static str,
         target: &'a str,
         header: &'a str,
-    ) -> Result<Option<HeaderLock<'a>>, Error> {
+    ) -> Result<Option<ExclusiveLock<'a>>, Error> {
         let watch = io.watch(op, target, header)?;
         let cookie = format!("{RBD_LOCK_COOKIE_PREFIX} {}", watch.handle());
         let lock = cls_lock::lock(RBD_LOCK, &cookie, RBD_LOCK_TAG, "", 0);
         let locked = io.write_op(op, target, header, &[WriteStep::lock("lock", &lock)]);
         match locked {
-            Ok(()) => Ok(Some(HeaderLock {
+            Ok(()) => Ok(Some(ExclusiveLock {
                 io,
                 op,
                 target,
@@ -281,7 +281,7 @@ impl<'a> HeaderLock<'a> {
     }
 }
 
-impl Drop for HeaderLock<'_> {
+impl Drop for ExclusiveLock<'_> {
     /// Released on every path out, an error or a panic included.
     fn drop(&mut self) {
         if let Err(e) = self.unlock() {
@@ -623,11 +623,11 @@ with rbd.Image(io, sys.argv[3], snapshot=snap, read_only=True) as img:
             .with_pool("lock test", &pool, spec.clone(), move |io| {
                 let id = crate::header::image_id(io, "lock test", &lock_target, &lock_image)?;
                 let header = format!("rbd_header.{id}");
-                let lock = HeaderLock::take(io, "lock test", &lock_target, &header)?
+                let lock = ExclusiveLock::take(io, "lock test", &lock_target, &header)?
                     .expect("nobody holds the lock");
                 // a second holder is refused while it is held
                 assert!(
-                    HeaderLock::take(io, "lock test", &lock_target, &header)?.is_none(),
+                    ExclusiveLock::take(io, "lock test", &lock_target, &header)?.is_none(),
                     "the lock is exclusive"
                 );
                 let mut writer = Reaped(

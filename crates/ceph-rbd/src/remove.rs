@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::denc::{Reader, malformed, put_bytes};
 use crate::error::Error;
-use crate::first_snapshot::HeaderLock;
+use crate::first_snapshot::ExclusiveLock;
 use crate::header::{NOSNAP, object_map_name};
 use crate::raw::IoCtx;
 
@@ -224,7 +224,7 @@ pub(crate) fn remove_plain(
     // nothing lists); it is found by a second probe before the header goes. Without the
     // feature, librbd's remove has nothing to hold either: the probe alone.
     let mut lock = if features & EXCLUSIVE_LOCK != 0 {
-        let Some(lock) = HeaderLock::take(io, op, target, &header)? else {
+        let Some(lock) = ExclusiveLock::take(io, op, target, &header)? else {
             return Ok(Plain::No("its exclusive lock is held"));
         };
         if lock.others_watch()? {
