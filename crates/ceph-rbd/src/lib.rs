@@ -39,7 +39,6 @@ mod error;
 mod features;
 mod first_snapshot;
 mod header;
-mod header_lock;
 pub mod key;
 mod librbd_only;
 mod lifecycle;
@@ -61,7 +60,6 @@ pub use config::{ClusterConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, Sec
 pub use create::created_without_librbd;
 pub use error::Error;
 pub use features::Features;
-pub use header_lock::{HeaderLock, Locked};
 pub use librbd_only::{ENV as LIBRBD_ONLY_ENV, librbd_only, set_librbd_only};
 pub use lifecycle::{ShutdownReport, busy_calls, shutdown};
 pub use namespace::{pool_spec, split_pool_spec};

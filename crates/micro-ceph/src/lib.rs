@@ -182,11 +182,6 @@ impl MicroCeph {
         self.run_cli("rbd", args)
     }
 
-    /// The cluster's fsid (`ceph fsid`).
-    pub fn fsid(&self) -> Result<String, Error> {
-        Ok(self.run_cli("ceph", &["fsid"])?.trim().to_owned())
-    }
-
     /// Runs `rados ARGS` against this cluster and returns stdout; an error carries stderr.
     pub fn rados(&self, args: &[&str]) -> Result<String, Error> {
         self.run_cli("rados", args)

@@ -166,8 +166,7 @@ impl Mapper for KrbdMapper {
         self.map_with(image, key, &MapOptions::default()).await
     }
 
-    /// Reuses only a mapping of the same cluster (`cluster_fsid`) and mode (sysfs
-    /// `/sys/block/rbdN/ro`); `--read-only` when asked, and verified.
+    /// Reuses only a mapping of the same cluster (`cluster_fsid`); `--read-only` when asked.
     async fn map_with(
         &self,
         image: &ImageSpec,
@@ -187,10 +186,6 @@ impl Mapper for KrbdMapper {
             key,
             image,
             &existing,
-            super::cli::Mode {
-                read_only: options.read_only,
-                root: &self.root,
-            },
             |keyfile| {
                 let mut args = map_args(image, keyfile, map_options);
                 if options.read_only {
@@ -248,9 +243,6 @@ mod tests {
             }
             std::fs::write(dir.join("major"), "251\n").unwrap();
             std::fs::write(root.path().join(format!("dev/rbd{id}")), "").unwrap();
-            let block = root.path().join(format!("sys/block/rbd{id}"));
-            std::fs::create_dir_all(&block).unwrap();
-            std::fs::write(block.join("ro"), "0\n").unwrap();
         }
         root
     }
@@ -331,79 +323,6 @@ mod tests {
             .unwrap();
         assert_eq!(mapped.device, PathBuf::from("/dev/rbd9"));
         assert_eq!(fake::calls(root.path()), "map kube/pvc-2\n");
-    }
-
-    #[tokio::test]
-    async fn a_mapping_of_the_other_mode_is_not_reused_and_a_writable_read_only_one_is_unmapped() {
-        let root = fake_root(&[(3, "kube", "", "pvc-1", "-")]);
-        let mapper = KrbdMapper::new(root.path().join("keys"), None)
-            .with_program(fake_rbd(root.path()))
-            .with_root(root.path());
-        let read_only = MapOptions {
-            read_only: true,
-            cluster_fsid: None,
-        };
-        // /dev/rbd3 maps pvc-1 read-write: a read-only stage does not get it
-        let err = mapper
-            .map_with(&image("kube", "pvc-1"), &Key::new("AQB=="), &read_only)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                MapError::ModeMismatch {
-                    mapped_read_only: false,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(err.to_string().contains("mapped read-write"), "{err}");
-        assert_eq!(fake::calls(root.path()), "", "nothing mapped or unmapped");
-        // and a read-only mapping is no read-write stage's either
-        std::fs::write(root.path().join("sys/block/rbd3/ro"), "1\n").unwrap();
-        let err = mapper
-            .map(&image("kube", "pvc-1"), &Key::new("AQB=="))
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                MapError::ModeMismatch {
-                    mapped_read_only: true,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert_eq!(
-            mapper
-                .map_with(&image("kube", "pvc-1"), &Key::new("AQB=="), &read_only)
-                .await
-                .unwrap()
-                .device,
-            root.path().join("dev/rbd3")
-        );
-        // a fresh read-only map the kernel reports writable is unmapped again
-        let script = fake::program(
-            root.path(),
-            "fake-rbd-rw",
-            "",
-            "[ \"$1\" = map ] && echo /dev/rbd5\nexit 0",
-        );
-        let block = root.path().join("sys/block/rbd5");
-        std::fs::create_dir_all(&block).unwrap();
-        std::fs::write(block.join("ro"), "0\n").unwrap();
-        let mapper = mapper.with_program(script);
-        let err = mapper
-            .map_with(&image("kube", "pvc-2"), &Key::new("AQB=="), &read_only)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, MapError::NotReadOnly { .. }), "{err}");
-        assert_eq!(
-            fake::calls(root.path()),
-            "map kube/pvc-2\nunmap /dev/rbd5\n"
-        );
     }
 
     /// What `unmap` of the volume recorded at /dev/rbd`recorded` (image kube/pvc-1) runs, with

@@ -66,8 +66,9 @@ pub struct NodeService {
     mappers: HashMap<MounterKind, Arc<dyn Mapper>>,
     locks: VolumeLocks,
     cluster: Arc<dyn access::ClusterCheck>,
-    /// The Ceph clients of this node's own mappings ([`access::OwnClients`]).
-    own_clients: access::OwnClients,
+    /// This node's IP addresses, when fixed (tests standing in for another host); `None`: the
+    /// host's, read when needed.
+    local_addresses: Option<Arc<std::collections::HashSet<std::net::IpAddr>>>,
 }
 
 impl std::fmt::Debug for NodeService {
@@ -103,12 +104,23 @@ impl NodeService {
     #[must_use]
     pub fn with_mappers(config: NodeConfig, mappers: Vec<Arc<dyn Mapper>>) -> Self {
         Self {
+            config,
             mappers: mappers.into_iter().map(|m| (m.kind(), m)).collect(),
             locks: VolumeLocks::new(),
             cluster: Arc::new(access::CephCheck),
-            own_clients: access::OwnClients::new(&config.runtime_dir),
-            config,
+            local_addresses: None,
         }
+    }
+
+    /// Fixes the addresses this node's own Ceph clients watch images from (the default: the
+    /// host's). Tests use it to run two "nodes" on one host.
+    #[must_use]
+    pub fn with_local_addresses(
+        mut self,
+        addresses: std::collections::HashSet<std::net::IpAddr>,
+    ) -> Self {
+        self.local_addresses = Some(Arc::new(addresses));
+        self
     }
 
     /// Replaces the check stage makes with the caller's key before mapping (tests without a

@@ -32,39 +32,18 @@ impl<'a> Volume<'a> {
         }
     }
 
-    /// NodeStageVolume, retried as the kubelet retries it while the only refusal is a watcher
-    /// no node of this driver staged (`not staged read-write by any node`): the tests of one
-    /// binary share one pool, and a parallel test's rbd-fuse opens every image of it when its
-    /// mount is `statfs`ed (each loop attach, a NodeGetVolumeStats of the mount), and keeps them
-    /// open until it exits (a test stops one for up to 20 s; a killed one's watches last the
-    /// OSD's 30 s watch timeout). A refusal naming a node, or any other error, is returned at
-    /// once.
     pub async fn stage(&mut self) -> Result<(), tonic::Status> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            let result = self
-                .node
-                .node_stage_volume(csi::NodeStageVolumeRequest {
-                    volume_id: self.image.volume_id(),
-                    staging_target_path: self.staging.display().to_string(),
-                    volume_capability: Some(self.cap.clone()),
-                    secrets: self.image.secrets(),
-                    volume_context: self.image.context(),
-                    publish_context: HashMap::new(),
-                })
-                .await
-                .map(drop);
-            match result {
-                Err(e)
-                    if e.code() == tonic::Code::FailedPrecondition
-                        && e.message().contains("not staged read-write by any node")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-                other => return other,
-            }
-        }
+        self.node
+            .node_stage_volume(csi::NodeStageVolumeRequest {
+                volume_id: self.image.volume_id(),
+                staging_target_path: self.staging.display().to_string(),
+                volume_capability: Some(self.cap.clone()),
+                secrets: self.image.secrets(),
+                volume_context: self.image.context(),
+                publish_context: HashMap::new(),
+            })
+            .await
+            .map(drop)
     }
 
     pub async fn publish(&mut self, readonly: bool) -> Result<(), tonic::Status> {
