@@ -24,6 +24,9 @@ PKGS=(
   # the container images (scripts/image.sh): podman, and runc for hosts where crun cannot start
   # containers (cgroup v1 + v2 hybrid)
   podman runc
+  # the real Kubernetes node (scripts/real-cluster.sh): containerd and the CNI plugins its pods'
+  # network needs
+  containerd containernetworking-plugins
 )
 # kubectl comes from the Kubernetes apt repo on most machines; use Debian's when it has one.
 OPTIONAL=(kubernetes-client)

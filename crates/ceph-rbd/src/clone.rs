@@ -104,7 +104,9 @@ impl Cluster {
     ///
     /// Stops at the first error, leaving what was done (each step is one a retry can find and
     /// complete); `AlreadyExists` when the new image exists already, which the caller completes
-    /// with the single-step calls.
+    /// with the single-step calls. With clone format 1 ([`Cluster::clone_format`]) a temporary
+    /// snapshot is refused (`InvalidArgument`, nothing done): a clone v1 keeps its parent
+    /// snapshot protected until it is flattened.
     ///
     /// # Errors
     /// Not found (parent or its snapshot), already exists (the new image), Ceph errors.
@@ -126,8 +128,17 @@ impl Cluster {
         let image_turn = self.claim_image(op, &job.pool, &job.image).await?;
         let target = format!("{}/{}@{}", job.parent_pool, job.parent, job.snap);
         let lock_secs = crate::create::creator_lock_secs(self.op_timeout());
-        self.run(op, target, move |rados| {
+        self.run(op, target.clone(), move |rados| {
             let _image_turn = image_turn;
+            if job.temporary && rados.compat().clone_format == crate::CloneFormat::V1 {
+                // its protected snapshot cannot go while a clone v1 depends on it
+                return Err(Error::invalid(
+                    op,
+                    target,
+                    "a temporary snapshot cannot be removed under a clone v1 (clone format 1): \
+                     clone it with clone_image, flatten the clone, then remove the snapshot",
+                ));
+            }
             let parent_io = rados.ioctx(&job.parent_pool)?;
             let io = rados.ioctx(&job.pool)?;
             let parent_target = format!("{}/{}", job.parent_pool, job.parent);

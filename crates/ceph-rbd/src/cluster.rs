@@ -42,6 +42,15 @@ pub struct ImageInfo {
     pub created: std::time::SystemTime,
 }
 
+/// One snapshot of an image, of any namespace ([`Cluster::snapshot_entries`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapEntry {
+    pub id: u64,
+    /// For a snapshot in the snapshot trash (removed while clones v2 depend on it): the name
+    /// it had. `None` for every other snapshot.
+    pub trashed_as: Option<String>,
+}
+
 /// A client watching an image: a mapped device or an open handle.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Watcher {
@@ -49,6 +58,28 @@ pub struct Watcher {
     pub address: String,
     pub id: u64,
     pub cookie: u64,
+}
+
+/// A holder of an image's `rbd_lock` (the exclusive lock librbd and krbd take to write).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Locker {
+    /// The locking entity, `client.<global id>`.
+    pub client: String,
+    /// Its global id, when the entity is a client.
+    pub id: Option<u64>,
+    /// The lock cookie (`auto <handle>` for librbd's and krbd's exclusive lock).
+    pub cookie: String,
+    /// `ip:port/nonce` of the holding client instance.
+    pub address: String,
+}
+
+/// What a monitor command returned ([`Cluster::mon_command`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MonReply {
+    /// The output buffer (JSON when the command asked for `"format": "json"`).
+    pub out: String,
+    /// The status line (`ceph` prints it on stderr).
+    pub status: String,
 }
 
 /// One snapshot of an image.
@@ -244,6 +275,7 @@ impl Cluster {
             tokio::task::spawn_blocking({
                 let call = crate::lifecycle::Call::start();
                 move || {
+                    call.enter();
                     let _call = call;
                     Rados::connect(&cfg2)
                 }
@@ -356,6 +388,7 @@ impl Cluster {
         let call = crate::lifecycle::Call::start();
         let running = Arc::clone(&self.running);
         let blocking = tokio::task::spawn_blocking(move || {
+            call.enter();
             let _call = call;
             let _permit = permit;
             let _running = Running::enter(&running);
@@ -398,6 +431,27 @@ impl Cluster {
         result
     }
 
+    /// The clone format librbd makes on this connection (the client's
+    /// `rbd_default_clone_format`: `1` v1, `2` and `auto` v2), probed once per connection with
+    /// the rest of [`crate::compat`].
+    ///
+    /// # Errors
+    /// Timeouts (the probe is one monitor command).
+    pub async fn clone_format(&self) -> Result<crate::CloneFormat, Error> {
+        Ok(self.compat().await?.clone_format)
+    }
+
+    pub(crate) async fn compat(&self) -> Result<crate::compat::Compat, Error> {
+        // known after the first probe: no call on the blocking pool
+        if let Some(known) = self.rados.known_compat() {
+            return Ok(known);
+        }
+        self.run("probe cluster", self.monitors.clone(), |rados| {
+            Ok(rados.compat())
+        })
+        .await
+    }
+
     /// Runs `f` with an I/O context on `pool`.
     pub(crate) async fn with_pool<T: Send + 'static>(
         &self,
@@ -412,7 +466,7 @@ impl Cluster {
     }
 
     /// Runs `f` on the open image `pool/name`.
-    async fn with_image<T: Send + 'static>(
+    pub(crate) async fn with_image<T: Send + 'static>(
         &self,
         op: &'static str,
         pool: &str,
@@ -768,6 +822,12 @@ impl Cluster {
             .await
     }
 
+    /// The holders of the image's `rbd_lock` ([`Locker`]); empty when nobody holds it.
+    pub async fn lockers(&self, pool: &str, name: &str) -> Result<Vec<Locker>, Error> {
+        self.with_image("list lockers", pool, name, true, |img| img.lockers())
+            .await
+    }
+
     /// Sets one metadata value.
     pub async fn metadata_set(
         &self,
@@ -825,6 +885,12 @@ impl Cluster {
         .await
     }
 
+    /// Removes snapshot `pool/image@snap`, unprotecting it first where it is protected (a
+    /// clone v1's parent snapshot); one that clones v2 still need goes to the image's
+    /// snapshot trash.
+    ///
+    /// # Errors
+    /// Not found, busy (protected with clones v1 left), Ceph errors.
     pub async fn snap_remove(&self, pool: &str, image: &str, snap: &str) -> Result<(), Error> {
         let snap = snap.to_string();
         self.with_image("remove snapshot", pool, image, false, move |img| {
@@ -849,12 +915,49 @@ impl Cluster {
         .await
     }
 
+    /// How many snapshots `pool/image` has, of every namespace (user, group, trash: what krbd
+    /// counts against its limit of 510), read from its header without opening it (a format-1
+    /// image is opened).
+    ///
+    /// # Errors
+    /// Not found, Ceph errors.
+    pub async fn snapshot_count(&self, pool: &str, image: &str) -> Result<usize, Error> {
+        let op = "count snapshots";
+        check_image_name(op, pool, image)?;
+        let image = image.to_string();
+        let target = format!("{pool}/{image}");
+        self.with_pool(op, pool, target.clone(), move |io| {
+            match crate::header::image_id(io, op, &target, &image) {
+                Ok(id) => Ok(crate::header::snapshot_ids(io, op, &target, &id)?.len()),
+                // format 1 (no ID object), or missing: librbd says which
+                Err(e) if e.is_not_found() => Ok(io.open(&image, true)?.snap_entries_all()?.len()),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// Every snapshot of `pool/image`, of every namespace, oldest first, with the name a
+    /// trashed one had (one open of the image).
+    ///
+    /// # Errors
+    /// Not found, Ceph errors.
+    pub async fn snapshot_entries(&self, pool: &str, image: &str) -> Result<Vec<SnapEntry>, Error> {
+        self.with_image("list snapshots", pool, image, true, |img| {
+            img.snap_entries_all()
+        })
+        .await
+    }
+
     pub async fn snap_list(&self, pool: &str, image: &str) -> Result<Vec<crate::SnapInfo>, Error> {
         self.with_image("list snapshots", pool, image, true, |img| img.snap_list())
             .await
     }
 
-    /// Clones `pool/parent@snap` to `dest_pool/dest_name` (clone v2: no protection needed).
+    /// Clones `pool/parent@snap` to `dest_pool/dest_name` in the clone format of this
+    /// connection ([`Cluster::clone_format`]): v2 needs no protection; for v1 the snapshot is
+    /// protected first (it then stays protected until it is removed: [`Cluster::snap_remove`]
+    /// unprotects it, which librbd refuses while clones v1 of it remain).
     pub async fn clone_image(
         &self,
         pool: &str,
@@ -1129,6 +1232,59 @@ impl Cluster {
     pub async fn fsid(&self) -> Result<String, Error> {
         self.run("read cluster fsid", self.monitors.clone(), |rados| {
             rados.fsid()
+        })
+        .await
+    }
+
+    /// Sends one monitor command in its JSON form (e.g. `{"prefix": "osd blocklist ls",
+    /// "format": "json"}`) and returns its output buffer and status string.
+    ///
+    /// # Errors
+    /// The monitor's refusal as an error for `op` (an `EINVAL` as [`Error::InvalidArgument`]
+    /// whose reason is the monitor's status text, e.g. an unknown command); Ceph errors; a
+    /// timeout (monitor commands end at `rados_mon_op_timeout`).
+    pub async fn mon_command(&self, op: &'static str, command: &str) -> Result<MonReply, Error> {
+        let command = command.to_string();
+        let target = self.monitors.clone();
+        self.run(op, self.monitors.clone(), move |rados| {
+            let (rc, out, status) = rados.mon_command(&command)?;
+            if rc == -libc::EINVAL {
+                return Err(Error::invalid(op, target, status.trim().to_string()));
+            }
+            if rc < 0 {
+                return Err(Error::from_errno(rc, op, target));
+            }
+            Ok(MonReply { out, status })
+        })
+        .await
+    }
+
+    /// The global ID of this connection's client instance (`client.<id>`, as watchers and
+    /// lockers name it).
+    pub async fn instance_id(&self) -> Result<u64, Error> {
+        self.run("read instance id", self.monitors.clone(), |rados| {
+            Ok(rados.instance_id())
+        })
+        .await
+    }
+
+    /// Breaks the holder `client` (`client.<id>`, with `cookie`) out of the image's `rbd_lock`,
+    /// as `rbd lock rm` does. librbd blocklists the holder first (`rbd_blocklist_on_break_lock`,
+    /// on by default, for `rbd_blocklist_expire_seconds`, by default the monitors' one hour):
+    /// a caller that wants a longer blocklisting adds it again afterwards.
+    ///
+    /// # Errors
+    /// `NotFound` when the image or that holder is gone; Ceph errors.
+    pub async fn break_lock(
+        &self,
+        pool: &str,
+        name: &str,
+        client: &str,
+        cookie: &str,
+    ) -> Result<(), Error> {
+        let (client, cookie) = (client.to_string(), cookie.to_string());
+        self.with_image("break lock", pool, name, true, move |img| {
+            img.break_lock(&client, &cookie)
         })
         .await
     }

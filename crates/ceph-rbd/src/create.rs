@@ -203,6 +203,9 @@ pub(crate) fn create_plain(
     if crate::librbd_only::librbd_only() {
         return Ok(Plain::No(crate::librbd_only::WHY));
     }
+    if let Some(why) = io.compat().refuses(crate::compat::FastPath::Create) {
+        return Ok(Plain::No(why));
+    }
     let default_order = io
         .conf_get(op, "rbd_default_order")?
         .parse::<u8>()

@@ -28,6 +28,13 @@ use crate::features::Features;
 use crate::header::{NOSNAP, object_map_name};
 use crate::raw::{IoCtx, Watch, WriteStep};
 
+static TAKEN_PLAIN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many snapshots this process took without librbd (see the `first_snapshot` module).
+pub fn snapshots_without_librbd() -> u64 {
+    TAKEN_PLAIN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// What [`take`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Taken {
@@ -157,6 +164,10 @@ pub(crate) fn take(
     if crate::librbd_only::librbd_only() {
         return Ok(Taken::LeftToLibrbd);
     }
+    if let Some(why) = io.compat().refuses(crate::compat::FastPath::Snapshot) {
+        tracing::debug!(image = %target, why, "snapshot through librbd");
+        return Ok(Taken::LeftToLibrbd);
+    }
     let header = format!("rbd_header.{id}");
     let features = crate::header::features(io, op, target, id)?;
     if features.bits() & !HANDLED.bits() != 0 {
@@ -204,6 +215,9 @@ pub(crate) fn take(
     let taken = taken?;
     notified?;
     released?;
+    if matches!(taken, Taken::Snapshot(_)) {
+        TAKEN_PLAIN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     Ok(taken)
 }
 
@@ -575,6 +589,7 @@ with rbd.Image(io, sys.argv[3]) as img:
     print('opened', flush=True)
     img.write(sys.argv[4].encode(), 0)
     print('written', flush=True)
+io.close(); c.shutdown()
 ";
 
     /// `len` bytes at offset 0 of `pool/image` (at `snap`), read by python-rbd.
@@ -591,6 +606,7 @@ io = c.open_ioctx(sys.argv[2])
 snap = sys.argv[4] or None
 with rbd.Image(io, sys.argv[3], snapshot=snap, read_only=True) as img:
     sys.stdout.write(img.read(0, int(sys.argv[5])).decode('latin1'))
+io.close(); c.shutdown()
 ";
         let out = std::process::Command::new("/usr/bin/python3")
             .args(["-c", READ])

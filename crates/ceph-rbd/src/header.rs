@@ -167,6 +167,35 @@ pub(crate) fn features(
         .ok_or_else(|| malformed(op, target, "get_features"))
 }
 
+/// The IDs of every snapshot (of every namespace: user, group, trash, mirror) of the image
+/// whose ID is `id`, newest first: its snapshot context (`get_snapcontext`), what krbd counts
+/// against its limit.
+pub(crate) fn snapshot_ids(
+    io: &IoCtx<'_>,
+    op: &'static str,
+    target: &str,
+    id: &str,
+) -> Result<Vec<u64>, Error> {
+    let context = io.exec(
+        op,
+        target,
+        &format!("rbd_header.{id}"),
+        "rbd",
+        "get_snapcontext",
+        &[],
+    )?;
+    let mut context = Reader(&context);
+    context
+        .u64()
+        .and_then(|_seq| context.u32())
+        .and_then(|count| {
+            (0..count)
+                .map(|_| context.u64())
+                .collect::<Option<Vec<u64>>>()
+        })
+        .ok_or_else(|| malformed(op, target, "get_snapcontext"))
+}
+
 /// User snapshot `snap` of the image whose ID is `id`, read from its header (`get_snapcontext`,
 /// then per snapshot `get_snapshot_name`; for the one named, `get_size`,
 /// `get_protection_status` and `get_snapshot_timestamp`); `None` when it has none of that name.
@@ -182,18 +211,7 @@ pub(crate) fn snapshot(
     let header = format!("rbd_header.{id}");
     let call =
         |method: &'static str, input: &[u8]| io.exec(op, target, &header, "rbd", method, input);
-    let context = call("get_snapcontext", &[])?;
-    let mut context = Reader(&context);
-    let ids = context
-        .u64()
-        .and_then(|_seq| context.u32())
-        .and_then(|count| {
-            (0..count)
-                .map(|_| context.u64())
-                .collect::<Option<Vec<u64>>>()
-        })
-        .ok_or_else(|| malformed(op, target, "get_snapcontext"))?;
-    for snap_id in ids {
+    for snap_id in snapshot_ids(io, op, target, id)? {
         let input = snap_id.to_le_bytes();
         let name = Reader(&call("get_snapshot_name", &input)?)
             .string()

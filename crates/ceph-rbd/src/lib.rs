@@ -24,7 +24,11 @@
 //!   the clone [`Cluster::clone_recorded`] makes of a snapshot of a plain image, and the
 //!   snapshot it takes of the image it has just cloned, unless somebody has it open; every other
 //!   image, and every other operation, goes through librbd ([`created_without_librbd`],
-//!   [`cloned_without_librbd`], [`removed_without_librbd`] count the former).
+//!   [`cloned_without_librbd`], [`snapshots_without_librbd`], [`removed_without_librbd`] count
+//!   the former). Each of those
+//!   paths is left to librbd where the cluster may not support it (its OSDs' release), and the
+//!   clone where the client's `rbd_default_clone_format` gives clone v1 (see `compat`);
+//!   [`set_librbd_only`] turns them all off.
 //! * All `unsafe` code lives in the private `raw` module.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -32,6 +36,7 @@
 mod clone;
 mod cls_lock;
 mod cluster;
+mod compat;
 mod config;
 mod create;
 mod denc;
@@ -39,6 +44,7 @@ mod error;
 mod features;
 mod first_snapshot;
 mod header;
+mod header_lock;
 pub mod key;
 mod librbd_only;
 mod lifecycle;
@@ -49,21 +55,27 @@ mod probe;
 mod raw;
 mod remove;
 mod repair;
+mod space;
 pub mod steps;
 
 pub use clone::{CloneJob, CloneRecord, Cloned, ImageFacts};
 pub use cluster::{
-    Cluster, ClusterStats, CreateOptions, GroupSnapInfo, ImageGroupSnap, ImageInfo,
-    MAX_CALLS_PER_CONNECTION, ParentSpec, PoolStats, SnapInfo, TrashEntry, Watcher,
+    Cluster, ClusterStats, CreateOptions, GroupSnapInfo, ImageGroupSnap, ImageInfo, Locker,
+    MAX_CALLS_PER_CONNECTION, MonReply, ParentSpec, PoolStats, SnapEntry, SnapInfo, TrashEntry,
+    Watcher,
 };
+pub use compat::CloneFormat;
 pub use config::{ClusterConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, Secret};
 pub use create::created_without_librbd;
 pub use error::Error;
 pub use features::Features;
+pub use first_snapshot::snapshots_without_librbd;
+pub use header_lock::{HeaderLock, Locked};
 pub use librbd_only::{ENV as LIBRBD_ONLY_ENV, librbd_only, set_librbd_only};
-pub use lifecycle::{ShutdownReport, busy_calls, shutdown};
+pub use lifecycle::{AT_EXIT_BOUND, QUIET_BOUND, ShutdownReport, busy_calls, shutdown};
 pub use namespace::{pool_spec, split_pool_spec};
 pub use plain_clone::cloned_without_librbd;
 pub use pool::{ConnectionPool, PoolOptions};
 pub use remove::removed_without_librbd;
 pub use repair::ChildLink;
+pub use space::{SPARSE_SIZE, sparse_size};

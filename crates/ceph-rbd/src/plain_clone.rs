@@ -170,6 +170,9 @@ pub(crate) fn clone(
     if crate::librbd_only::librbd_only() {
         return Ok(Cloned::LeftToLibrbd(crate::librbd_only::WHY));
     }
+    if let Some(why) = io.compat().refuses(crate::compat::FastPath::Clone) {
+        return Ok(Cloned::LeftToLibrbd(why));
+    }
     if !parent.features.contains(Features::LAYERING) {
         return Ok(Cloned::LeftToLibrbd("the parent has no layering"));
     }

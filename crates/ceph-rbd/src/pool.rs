@@ -91,6 +91,29 @@ impl ConnectionPool {
         Ok(cluster)
     }
 
+    /// The global IDs of this pool's open connections' client instances (waiting for a
+    /// connection being opened): the clients of this process, which fencing never blocklists.
+    pub async fn instance_ids(&self) -> Vec<u64> {
+        let slots: Vec<_> = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let mut ids = Vec::new();
+        for slot in slots {
+            let cluster = slot.lock().await.cluster.clone();
+            if let Some(cluster) = cluster
+                && let Ok(id) = cluster.instance_id().await
+            {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+
     /// Number of pooled connections (open or being opened).
     pub fn len(&self) -> usize {
         self.inner

@@ -15,7 +15,7 @@ use std::ptr;
 
 use crate::{
     ClusterConfig, ClusterStats, CreateOptions, Error, Features, GroupSnapInfo, ImageGroupSnap,
-    ImageInfo, ParentSpec, PoolStats, SnapInfo, TrashEntry, Watcher,
+    ImageInfo, Locker, ParentSpec, PoolStats, SnapEntry, SnapInfo, TrashEntry, Watcher,
 };
 
 #[allow(
@@ -137,6 +137,8 @@ pub(crate) fn client_version() -> String {
 pub(crate) struct Rados {
     handle: ffi::rados_t,
     target: String,
+    /// What the cluster supports, probed at the first operation that asks ([`Rados::compat`]).
+    compat: std::sync::OnceLock<crate::compat::Compat>,
 }
 
 // SAFETY: a connected rados_t may be used from any thread concurrently (librados is thread-safe);
@@ -148,6 +150,7 @@ unsafe impl Sync for Rados {}
 impl Rados {
     /// Connects with the monitors, user and key of `cfg`, reading no ceph.conf or keyring.
     pub(crate) fn connect(cfg: &ClusterConfig) -> Result<Rados, Error> {
+        crate::lifecycle::shutdown_at_exit();
         let target = format!("client.{}@{}", cfg.user, cfg.monitors);
         let op = "connect";
         // A malformed key is named before anything is sent: a client that reads aes256k keys
@@ -168,7 +171,11 @@ impl Rados {
             &target,
         )?;
         // From here on Drop shuts the handle down, also on the error paths below.
-        let rados = Rados { handle, target };
+        let rados = Rados {
+            handle,
+            target,
+            compat: std::sync::OnceLock::new(),
+        };
         let secs = |d: std::time::Duration| d.as_secs().max(1).to_string();
         let settings = [
             ("mon_host", cfg.monitors.clone()),
@@ -250,7 +257,7 @@ impl Rados {
         let io = IoCtx {
             handle,
             pool: spec.to_string(),
-            _rados: PhantomData,
+            rados: self,
         };
         if !namespace.is_empty() {
             // SAFETY: valid ioctx and string; librados copies the name.
@@ -274,6 +281,51 @@ impl Rados {
         Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
     }
 
+    /// What an earlier probe found, without probing.
+    pub(crate) fn known_compat(&self) -> Option<crate::compat::Compat> {
+        self.compat.get().cloned()
+    }
+
+    /// What the cluster supports, probed once per connection (see [`crate::compat`]); a probe
+    /// the monitors did not answer (a timeout) is made again at the next call.
+    pub(crate) fn compat(&self) -> crate::compat::Compat {
+        if let Some(known) = self.compat.get() {
+            return known.clone();
+        }
+        let (compat, settled) = crate::compat::probe(self);
+        if settled {
+            // another thread may have probed meanwhile: the same answer
+            let _ = self.compat.set(compat.clone());
+        }
+        compat
+    }
+
+    /// The client's value of configuration option `key` (as set here, or by the monitors'
+    /// central configuration).
+    pub(crate) fn conf_get(&self, op: &'static str, key: &str) -> Result<String, Error> {
+        let c_key = cstring(key, op, &self.target)?;
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: connected handle; `buf` is valid for its length.
+        let rc = unsafe {
+            ffi::rados_conf_get(
+                self.handle,
+                c_key.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        check(rc, op, &self.target)?;
+        Ok(c_text(&buf))
+    }
+
+    /// A monitor command (`cmd`: its JSON) and its answer (the output buffer); a refusal (a
+    /// negative return code) is the error.
+    pub(crate) fn mon_command_answer(&self, op: &'static str, cmd: &str) -> Result<Vec<u8>, Error> {
+        let (rc, out, _status) = self.mon_command(cmd)?;
+        check(rc, op, &self.target)?;
+        Ok(out.into_bytes())
+    }
+
     /// The cluster's fsid (from the monmap of the connected handle).
     pub(crate) fn fsid(&self) -> Result<String, Error> {
         let mut buf = [0 as c_char; 64];
@@ -283,6 +335,55 @@ impl Rados {
         // SAFETY: librados NUL-terminates the fsid within the buffer on success.
         let fsid = unsafe { CStr::from_ptr(buf.as_ptr()) };
         Ok(fsid.to_string_lossy().into_owned())
+    }
+
+    /// Sends one monitor command (its JSON form, `{"prefix": "osd blocklist", ...}`) and
+    /// returns the return code, the output buffer and the status string, as `ceph` prints them.
+    /// A negative return code is returned, not turned into an error: the status says why.
+    pub(crate) fn mon_command(&self, command: &str) -> Result<(i32, String, String), Error> {
+        let op = "monitor command";
+        let c_command = cstring(command, op, &self.target)?;
+        let commands = [c_command.as_ptr()];
+        let mut out: *mut c_char = ptr::null_mut();
+        let mut out_len: usize = 0;
+        let mut status: *mut c_char = ptr::null_mut();
+        let mut status_len: usize = 0;
+        // SAFETY: connected handle; one NUL-terminated command that outlives the call; the out
+        // pointers are valid and what librados puts there is freed below with
+        // rados_buffer_free.
+        let rc = unsafe {
+            ffi::rados_mon_command(
+                self.handle,
+                commands.as_ptr().cast_mut(),
+                commands.len(),
+                ptr::null(),
+                0,
+                &mut out,
+                &mut out_len,
+                &mut status,
+                &mut status_len,
+            )
+        };
+        let take = |p: *mut c_char, len: usize| -> String {
+            if p.is_null() {
+                return String::new();
+            }
+            // SAFETY: librados allocated `len` bytes at `p` for us; they are copied, then freed.
+            let text = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+            let text = String::from_utf8_lossy(text).into_owned();
+            // SAFETY: a buffer librados returned, freed once.
+            unsafe { ffi::rados_buffer_free(p) };
+            text
+        };
+        let out = take(out, out_len);
+        let status = take(status, status_len);
+        Ok((rc, out, status))
+    }
+
+    /// This client instance's global ID (`client.<id>`), as watchers and lockers name it.
+    pub(crate) fn instance_id(&self) -> u64 {
+        // SAFETY: connected handle.
+        unsafe { ffi::rados_get_instance_id(self.handle) }
     }
 
     pub(crate) fn cluster_stats(&self) -> Result<ClusterStats, Error> {
@@ -330,7 +431,7 @@ impl Drop for Rados {
 pub(crate) struct IoCtx<'a> {
     handle: ffi::rados_ioctx_t,
     pool: String,
-    _rados: PhantomData<&'a Rados>,
+    rados: &'a Rados,
 }
 
 impl Drop for IoCtx<'_> {
@@ -342,6 +443,17 @@ impl Drop for IoCtx<'_> {
 
 /// librbd calls the progress callback unconditionally: a null one would crash.
 extern "C" fn no_progress(_offset: u64, _total: u64, _arg: *mut c_void) -> c_int {
+    0
+}
+
+/// `rbd_diff_iterate2` callback: adds the length of each extent that exists to the `u64` that
+/// `arg` points to.
+extern "C" fn count_used(_offset: u64, len: usize, exists: c_int, arg: *mut c_void) -> c_int {
+    if exists != 0 {
+        // SAFETY: `arg` is the `&mut u64` that `Image::used_bytes` passes, alive for the call.
+        let used = unsafe { &mut *arg.cast::<u64>() };
+        *used = used.saturating_add(len as u64);
+    }
     0
 }
 
@@ -626,9 +738,30 @@ impl IoCtx<'_> {
             cstring(dest_name, op, &target)?,
         );
         let options = ImageOptions::new(opts, op, &target)?;
-        // Clone v2: the parent snapshot needs no protection and may be removed while clones of
-        // it exist (it waits in the snapshot trash until none needs it).
-        options.set_u64(ffi::RBD_IMAGE_OPTION_CLONE_FORMAT, 2, op, &target)?;
+        // The clone format the client's `rbd_default_clone_format` gives (`auto`: v2 only when
+        // the cluster requires Mimic or later clients), said explicitly so that librbd and
+        // this crate agree on it. v2: the parent snapshot needs no protection and may be
+        // removed while clones of it exist (it waits in the snapshot trash until none needs
+        // it). v1: the parent snapshot must be protected (librbd refuses otherwise), and
+        // cannot be unprotected or removed until its clones are flattened or removed.
+        let format = self.compat().clone_format;
+        if format == crate::compat::CloneFormat::V1 {
+            let parent_image = self.open(parent, false)?;
+            if !parent_image.snap_is_protected(snap)? {
+                match parent_image.snap_protect(snap) {
+                    Ok(()) => {}
+                    // protected meanwhile by another client
+                    Err(Error::Busy { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        options.set_u64(
+            ffi::RBD_IMAGE_OPTION_CLONE_FORMAT,
+            format.number(),
+            op,
+            &target,
+        )?;
         // SAFETY: valid ioctxs, strings and options.
         let rc = unsafe {
             ffi::rbd_clone3(
@@ -640,7 +773,16 @@ impl IoCtx<'_> {
                 options.0,
             )
         };
-        check(rc, op, &target).map(drop)
+        check(rc, op, &target)?;
+        if format == crate::compat::CloneFormat::V1 {
+            crate::steps::hit(crate::steps::CLONE_V1_MADE, &dest.spec(dest_name));
+        }
+        Ok(())
+    }
+
+    /// What the cluster supports (probed once per connection).
+    pub(crate) fn compat(&self) -> crate::compat::Compat {
+        self.rados.compat()
     }
 
     pub(crate) fn open(&self, name: &str, read_only: bool) -> Result<Image<'_>, Error> {
@@ -743,7 +885,7 @@ impl IoCtx<'_> {
         Ok(IoCtx {
             handle,
             pool,
-            _rados: PhantomData,
+            rados: self.rados,
         })
     }
 
@@ -1275,6 +1417,81 @@ impl Image<'_> {
         Err(Error::from_errno(-libc::ERANGE, op, &self.target))
     }
 
+    /// The holders of the image's `rbd_lock` (librbd's exclusive lock and krbd's: a client that
+    /// writes holds it), as `rbd lock ls` lists them.
+    pub(crate) fn lockers(&self) -> Result<Vec<Locker>, Error> {
+        let op = "list lockers";
+        let (mut tag_len, mut clients_len, mut cookies_len, mut addrs_len) =
+            (64usize, 256usize, 256usize, 256usize);
+        for _ in 0..8 {
+            let mut tag = vec![0u8; tag_len];
+            let mut clients = vec![0u8; clients_len];
+            let mut cookies = vec![0u8; cookies_len];
+            let mut addrs = vec![0u8; addrs_len];
+            let mut exclusive: c_int = 0;
+            // SAFETY: each buffer has room for the length passed with it; librbd writes back
+            // the lengths it needs (and -ERANGE) when one is too small.
+            let rc = unsafe {
+                ffi::rbd_list_lockers(
+                    self.handle,
+                    &mut exclusive,
+                    tag.as_mut_ptr().cast(),
+                    &mut tag_len,
+                    clients.as_mut_ptr().cast(),
+                    &mut clients_len,
+                    cookies.as_mut_ptr().cast(),
+                    &mut cookies_len,
+                    addrs.as_mut_ptr().cast(),
+                    &mut addrs_len,
+                )
+            };
+            if rc == -(libc::ERANGE as isize) {
+                continue;
+            }
+            let n = check(
+                c_int::try_from(rc).unwrap_or(-libc::EOVERFLOW),
+                op,
+                &self.target,
+            )?;
+            clients.truncate(clients_len.min(clients.len()));
+            cookies.truncate(cookies_len.min(cookies.len()));
+            addrs.truncate(addrs_len.min(addrs.len()));
+            let (clients, cookies, addrs) = (
+                nul_terminated(&clients),
+                nul_terminated(&cookies),
+                nul_terminated(&addrs),
+            );
+            let n = usize::try_from(n).unwrap_or(0);
+            return Ok(clients
+                .into_iter()
+                .zip(cookies)
+                .zip(addrs)
+                .take(n)
+                .map(|((client, cookie), address)| Locker {
+                    id: client
+                        .strip_prefix("client.")
+                        .and_then(|id| id.parse().ok()),
+                    client,
+                    cookie,
+                    address,
+                })
+                .collect());
+        }
+        Err(Error::from_errno(-libc::ERANGE, op, &self.target))
+    }
+
+    /// Breaks `client`'s (`client.<id>`) hold on the image's `rbd_lock` with `cookie`, as `rbd
+    /// lock rm` does (librbd blocklists the holder first when `rbd_blocklist_on_break_lock`
+    /// is on, its default).
+    pub(crate) fn break_lock(&self, client: &str, cookie: &str) -> Result<(), Error> {
+        let op = "break lock";
+        let c_client = cstring(client, op, &self.target)?;
+        let c_cookie = cstring(cookie, op, &self.target)?;
+        // SAFETY: open image; NUL-terminated strings that outlive the call.
+        let rc = unsafe { ffi::rbd_break_lock(self.handle, c_client.as_ptr(), c_cookie.as_ptr()) };
+        check(rc, op, &self.target).map(drop)
+    }
+
     pub(crate) fn resize(&self, size: u64, allow_shrink: bool) -> Result<(), Error> {
         // SAFETY: open image; a progress callback is required by the C wrapper.
         let rc = unsafe {
@@ -1372,8 +1589,36 @@ impl Image<'_> {
         self.snap_call("create snapshot", snap, ffi::rbd_snap_create)
     }
 
+    /// Removes snapshot `snap`, unprotecting it first where it is protected (a v1 clone's
+    /// parent snapshot: librbd refuses to unprotect one that still has clones).
     pub(crate) fn snap_remove(&self, snap: &str) -> Result<(), Error> {
-        self.snap_call("remove snapshot", snap, ffi::rbd_snap_remove)
+        let op = "remove snapshot";
+        let target = format!("{}@{snap}", self.target);
+        let c_snap = cstring(snap, op, &target)?;
+        // SAFETY: open image and string; progress callback required by the C wrapper.
+        let rc = unsafe {
+            ffi::rbd_snap_remove2(
+                self.handle,
+                c_snap.as_ptr(),
+                ffi::RBD_SNAP_REMOVE_UNPROTECT,
+                Some(no_progress),
+                ptr::null_mut(),
+            )
+        };
+        check(rc, op, &target).map(drop)
+    }
+
+    /// Whether snapshot `snap` is protected.
+    pub(crate) fn snap_is_protected(&self, snap: &str) -> Result<bool, Error> {
+        let op = "read snapshot protection";
+        let target = format!("{}@{snap}", self.target);
+        let c_snap = cstring(snap, op, &target)?;
+        let mut protected: c_int = 0;
+        // SAFETY: open image, string and out-pointer.
+        let rc =
+            unsafe { ffi::rbd_snap_is_protected(self.handle, c_snap.as_ptr(), &mut protected) };
+        check(rc, op, &target)?;
+        Ok(protected != 0)
     }
 
     pub(crate) fn snap_protect(&self, snap: &str) -> Result<(), Error> {
@@ -1426,6 +1671,39 @@ impl Image<'_> {
         }
         check(rc, op, &self.target)?;
         Ok(Some(namespace))
+    }
+
+    /// Every snapshot of the image, of every namespace, oldest first: its ID and, for one in
+    /// the snapshot trash (removed while clones v2 depend on it), the name it had.
+    pub(crate) fn snap_entries_all(&self) -> Result<Vec<SnapEntry>, Error> {
+        let op = "list snapshots";
+        let mut list = Vec::new();
+        for (id, _, _) in self.snap_entries(op)? {
+            let trashed_as = if self.snap_namespace(id, op)?
+                == Some(ffi::rbd_snap_namespace_type_t_RBD_SNAP_NAMESPACE_TYPE_TRASH)
+            {
+                let mut buf = vec![0u8; 4096];
+                // SAFETY: open image, a listed snapshot ID; `buf` is valid for its length.
+                let rc = unsafe {
+                    ffi::rbd_snap_get_trash_namespace(
+                        self.handle,
+                        id,
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                    )
+                };
+                if rc == -libc::ENOENT {
+                    continue;
+                }
+                check(rc, op, &self.target)?;
+                Some(c_text(&buf))
+            } else {
+                None
+            };
+            list.push(SnapEntry { id, trashed_as });
+        }
+        list.sort_by_key(|e| e.id);
+        Ok(list)
     }
 
     pub(crate) fn snap_list(&self) -> Result<Vec<SnapInfo>, Error> {
@@ -1503,6 +1781,48 @@ impl Image<'_> {
             ffi::rbd_snap_spec_cleanup(&mut snap);
         }
         Ok(Some(parent))
+    }
+
+    /// Deallocates the image's zeroed extents (`rbd sparsify`): every aligned `sparse_size`
+    /// bytes that read as zeros become a hole, an object that is all zeros is removed.
+    pub(crate) fn sparsify(&self, sparse_size: u64) -> Result<(), Error> {
+        let op = "sparsify image";
+        let sparse_size = usize::try_from(sparse_size)
+            .map_err(|_| Error::invalid(op, self.target.as_str(), "sparse size too large"))?;
+        // SAFETY: open image; progress callback required by the C wrapper.
+        let rc = unsafe {
+            ffi::rbd_sparsify_with_progress(
+                self.handle,
+                sparse_size,
+                Some(no_progress),
+                ptr::null_mut(),
+            )
+        };
+        check(rc, op, &self.target).map(drop)
+    }
+
+    /// The bytes the image's head has allocated, as `rbd du` counts them: whole objects
+    /// (librbd reads the fast-diff object map when it is enabled and valid, else asks the OSDs
+    /// object by object).
+    pub(crate) fn used_bytes(&self, size: u64) -> Result<u64, Error> {
+        let op = "read used size";
+        let mut used: u64 = 0;
+        // SAFETY: open image; `count_used` only adds to the u64 `used` points to, which
+        // outlives the call (librbd calls back synchronously, before rbd_diff_iterate2 returns).
+        let rc = unsafe {
+            ffi::rbd_diff_iterate2(
+                self.handle,
+                ptr::null(),
+                0,
+                size,
+                0,
+                1,
+                Some(count_used),
+                std::ptr::from_mut(&mut used).cast(),
+            )
+        };
+        check(rc, op, &self.target)?;
+        Ok(used)
     }
 
     pub(crate) fn flatten(&self) -> Result<(), Error> {

@@ -153,6 +153,9 @@ pub(crate) fn remove_plain(
     if crate::librbd_only::librbd_only() {
         return Ok(Plain::No(crate::librbd_only::WHY));
     }
+    if let Some(why) = io.compat().refuses(crate::compat::FastPath::Remove) {
+        return Ok(Plain::No(why));
+    }
     if trash_on_remove(io, op, target)? {
         return Ok(Plain::No("rbd_move_to_trash_on_remove is set"));
     }

@@ -9,6 +9,7 @@
 //! | [`CLONE_AFTER_HEADER`] | a clone's header (and object map); no parent yet |
 //! | [`CLONE_AFTER_PARENT_ATTACH`] | the clone's parent recorded; the parent snapshot does not count it as a child |
 //! | [`CLONE_AFTER_CHILD_ATTACH`] | the clone listed as a child; the parent's metadata not copied yet |
+//! | [`CLONE_V1_MADE`] | a clone v1 made by librbd (clone format 1): its parent snapshot protected, the clone whole |
 //! | [`SNAPSHOT_LOCKED`] | a source's exclusive lock held for its temporary snapshot; no snapshot yet |
 //! | [`SNAPSHOT_UNLOCKED`] | that snapshot taken, its watchers told, the lock released |
 //! | [`REMOVE_PROBED`] | a plain image to remove: its exclusive lock held (with exclusive-lock), nobody else watching; nothing removed |
@@ -26,6 +27,8 @@ pub const CLONE_AFTER_HEADER: &str = "ceph-clone-after-header";
 pub const CLONE_AFTER_PARENT_ATTACH: &str = "ceph-clone-after-parent-attach";
 /// A clone made without librbd, after `child_attach` on its parent's header.
 pub const CLONE_AFTER_CHILD_ATTACH: &str = "ceph-clone-after-child-attach";
+/// A clone v1 made by librbd ([`crate::CloneFormat::V1`]): its parent snapshot protected.
+pub const CLONE_V1_MADE: &str = "ceph-clone-v1-made";
 /// A source's temporary snapshot taken without librbd: its exclusive lock is held and the
 /// watchers were checked again under it; the snapshot is not written yet.
 pub const SNAPSHOT_LOCKED: &str = "ceph-snapshot-locked";
@@ -40,11 +43,12 @@ pub const REMOVE_AFTER_DATA: &str = "ceph-remove-after-data";
 pub const REMOVE_AFTER_HEADER: &str = "ceph-remove-after-header";
 
 /// Every step, for documentation and for checking a configured step name.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 10] = [
     CREATE_AFTER_HEADER,
     CLONE_AFTER_HEADER,
     CLONE_AFTER_PARENT_ATTACH,
     CLONE_AFTER_CHILD_ATTACH,
+    CLONE_V1_MADE,
     SNAPSHOT_LOCKED,
     SNAPSHOT_UNLOCKED,
     REMOVE_PROBED,

@@ -730,3 +730,105 @@ async fn a_recorded_clone_reports_what_librbd_reads_back() {
     cluster.remove_image(&pool, &snapshot).await.unwrap();
     cluster.remove_image(&pool, &source).await.unwrap();
 }
+
+/// Writes `len` bytes of `byte` at `offset` of `image` with python-rbd (librbd, not our code).
+fn fill(pool: &str, image: &str, offset: u64, len: u64, byte: u8) {
+    micro_ceph::cluster()
+        .fill_image(pool, image, offset, len, byte)
+        .unwrap();
+}
+
+/// `rbd du`'s used size of the image's head.
+fn rbd_du(pool: &str, image: &str) -> u64 {
+    let out = micro_ceph::cluster()
+        .rbd(&["du", "--format", "json", &format!("{pool}/{image}")])
+        .unwrap();
+    let du: serde_json::Value = serde_json::from_str(&out).unwrap();
+    du["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["snapshot"].is_null())
+        .unwrap()["used_size"]
+        .as_u64()
+        .unwrap()
+}
+
+/// SHA-256 of the image's bytes as `rbd export` writes them.
+fn export_digest(pool: &str, image: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let file = std::env::temp_dir().join(unique("export"));
+    micro_ceph::cluster()
+        .rbd(&[
+            "export",
+            "--no-progress",
+            &format!("{pool}/{image}"),
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    format!("{:x}", Sha256::digest(&bytes))
+}
+
+#[tokio::test]
+async fn sparsify_frees_zeroed_objects_and_keeps_every_byte() {
+    let (cluster, pool, name) = with_image("sparsify", 64 * MIB).await;
+    // 16 MiB of data, then 16 MiB of written zeros further on: 8 allocated 4 MiB objects
+    fill(&pool, &name, 0, 16 * MIB, 0x5a);
+    fill(&pool, &name, 32 * MIB, 16 * MIB, 0);
+    let before = cluster.used_bytes(&pool, &name).await.unwrap();
+    assert_eq!(before, 32 * MIB);
+    assert_eq!(before, rbd_du(&pool, &name));
+    let digest = export_digest(&pool, &name);
+
+    cluster.sparsify(&pool, &name).await.unwrap();
+
+    let after = cluster.used_bytes(&pool, &name).await.unwrap();
+    assert_eq!(
+        after,
+        16 * MIB,
+        "the zeroed objects are gone, the data stays"
+    );
+    assert_eq!(after, rbd_du(&pool, &name));
+    assert_eq!(export_digest(&pool, &name), digest);
+    // nothing left to free: a second run changes nothing
+    cluster.sparsify(&pool, &name).await.unwrap();
+    assert_eq!(cluster.used_bytes(&pool, &name).await.unwrap(), 16 * MIB);
+    cluster.remove_image(&pool, &name).await.unwrap();
+}
+
+#[tokio::test]
+async fn used_bytes_without_fast_diff_counts_whole_objects_as_rbd_du_does() {
+    let cluster = connect().await;
+    let (pool, name) = (pool_name(), unique("du-plain"));
+    let opts = CreateOptions {
+        features: Some(Features::parse("layering").unwrap()),
+        ..Default::default()
+    };
+    cluster
+        .create_image(&pool, &name, 16 * MIB, &opts)
+        .await
+        .unwrap();
+    assert_eq!(cluster.used_bytes(&pool, &name).await.unwrap(), 0);
+    fill(&pool, &name, 5 * MIB, MIB, 1);
+    fill(&pool, &name, 12 * MIB, 4096, 1);
+    let used = cluster.used_bytes(&pool, &name).await.unwrap();
+    assert_eq!(used, 8 * MIB, "two objects of 4 MiB exist");
+    assert_eq!(used, rbd_du(&pool, &name));
+    cluster.remove_image(&pool, &name).await.unwrap();
+}
+
+#[tokio::test]
+async fn sparsify_and_used_bytes_of_a_missing_image_are_not_found() {
+    let cluster = connect().await;
+    let pool = pool_name();
+    assert!(matches!(
+        cluster.sparsify(&pool, "no-such-image").await,
+        Err(Error::NotFound { .. })
+    ));
+    assert!(matches!(
+        cluster.used_bytes(&pool, "no-such-image").await,
+        Err(Error::NotFound { .. })
+    ));
+}

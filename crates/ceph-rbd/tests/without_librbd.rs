@@ -800,6 +800,7 @@ with rbd.Image(io, sys.argv[3]) as img:
     print('opened', flush=True)
     img.write(b'x' * 4096, 15 << 20)
     print('written', flush=True)
+io.close(); c.shutdown()
 ",
             ])
             .arg(&ceph.conf_path)

@@ -692,6 +692,17 @@ pub const SNAPSHOT_CRDS: [&str; 3] = [
     include_str!("../../../deploy/snapshot-crds/volumesnapshots.yaml"),
 ];
 
+/// The csi-addons `NetworkFence` CRD of `deploy/csi-addons-crds/`, as YAML.
+pub const NETWORK_FENCE_CRD: &str =
+    include_str!("../../../deploy/csi-addons-crds/networkfences.yaml");
+
+/// The csi-addons `ReclaimSpaceJob` CRD of `deploy/csi-addons-crds/`, as YAML.
+pub const RECLAIM_SPACE_JOB_CRD: &str =
+    include_str!("../../../deploy/csi-addons-crds/reclaimspacejobs.yaml");
+
+/// Every csi-addons CRD of `deploy/csi-addons-crds/`, as YAML.
+pub const CSI_ADDONS_CRDS: [&str; 2] = [NETWORK_FENCE_CRD, RECLAIM_SPACE_JOB_CRD];
+
 /// Stores a CRD (YAML) as a create through the API would; an existing one is kept. Must run
 /// inside a tokio runtime (it starts the CRD finalizer task).
 pub(crate) fn install(

@@ -90,6 +90,7 @@ pub struct EmulatorBuilder {
     pv_controller: bool,
     snapshot_controller: bool,
     snapshot_crds: bool,
+    csi_addons_crds: bool,
     watch_history: usize,
     resync_period: Duration,
     record_requests: bool,
@@ -102,6 +103,7 @@ impl Default for EmulatorBuilder {
             pv_controller: true,
             snapshot_controller: true,
             snapshot_crds: false,
+            csi_addons_crds: false,
             watch_history: DEFAULT_WATCH_HISTORY,
             resync_period: Duration::from_secs(15),
             record_requests: false,
@@ -130,6 +132,13 @@ impl EmulatorBuilder {
     /// a cluster with the snapshot add-on installed). Default: off.
     pub fn snapshot_crds(mut self, on: bool) -> Self {
         self.snapshot_crds = on;
+        self
+    }
+
+    /// Creates the csi-addons CRDs of `deploy/csi-addons-crds/` (`NetworkFence`,
+    /// `ReclaimSpaceJob`) at start (as on a cluster with csi-addons installed). Default: off.
+    pub fn csi_addons_crds(mut self, on: bool) -> Self {
+        self.csi_addons_crds = on;
         self
     }
 
@@ -181,6 +190,13 @@ impl EmulatorBuilder {
             for yaml in crate::crd::SNAPSHOT_CRDS {
                 if let Err(e) = crate::crd::install(&store, yaml) {
                     tracing::error!(error = %e, "installing a snapshot CRD failed");
+                }
+            }
+        }
+        if self.csi_addons_crds {
+            for yaml in crate::crd::CSI_ADDONS_CRDS {
+                if let Err(e) = crate::crd::install(&store, yaml) {
+                    tracing::error!(error = %e, "installing a csi-addons CRD failed");
                 }
             }
         }

@@ -35,7 +35,7 @@ mod util;
 mod vac;
 mod validation;
 
-pub use crd::SNAPSHOT_CRDS;
+pub use crd::{CSI_ADDONS_CRDS, NETWORK_FENCE_CRD, RECLAIM_SPACE_JOB_CRD, SNAPSHOT_CRDS};
 pub use emulator::{DEFAULT_WATCH_HISTORY, Emulator, EmulatorBuilder, RequestRecord};
 pub use faults::Faults;
 pub use server::ServerHandle;

@@ -182,6 +182,46 @@ impl MicroCeph {
         self.run_cli("rbd", args)
     }
 
+    /// Writes `len` bytes of `byte` at `offset` of `pool/image` with python-rbd (librbd, not
+    /// the code under test).
+    pub fn fill_image(
+        &self,
+        pool: &str,
+        image: &str,
+        offset: u64,
+        len: u64,
+        byte: u8,
+    ) -> Result<(), Error> {
+        let out = Command::new("/usr/bin/python3")
+            .args(["-c", FILL_IMAGE])
+            .arg(&self.conf_path)
+            .args([
+                pool,
+                image,
+                &offset.to_string(),
+                &len.to_string(),
+                &byte.to_string(),
+            ])
+            .output()
+            .map_err(|source| Error::Io {
+                what: "running python3".into(),
+                source,
+            })?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(Error::Io {
+                what: format!("writing {len} bytes at {offset} of {pool}/{image}"),
+                source: io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
+            })
+        }
+    }
+
+    /// The cluster's fsid (`ceph fsid`).
+    pub fn fsid(&self) -> Result<String, Error> {
+        Ok(self.run_cli("ceph", &["fsid"])?.trim().to_owned())
+    }
+
     /// Runs `rados ARGS` against this cluster and returns stdout; an error carries stderr.
     pub fn rados(&self, args: &[&str]) -> Result<String, Error> {
         self.run_cli("rados", args)
@@ -229,6 +269,14 @@ impl MicroCeph {
 /// Holds an image open read-write from a separate client process (python-rbd), the way a node
 /// that mapped it would: the image has a watcher until the holder is dropped.
 pub struct ImageHolder(std::process::Child);
+
+const FILL_IMAGE: &str = "import sys, rados, rbd
+c = rados.Rados(conffile=sys.argv[1]); c.connect()
+io = c.open_ioctx(sys.argv[2])
+with rbd.Image(io, sys.argv[3]) as img:
+    img.write(bytes([int(sys.argv[6])]) * int(sys.argv[5]), int(sys.argv[4]))
+io.close(); c.shutdown()
+";
 
 const HOLD_IMAGE_OPEN: &str = "import sys, rados, rbd
 c = rados.Rados(conffile=sys.argv[1]); c.connect()

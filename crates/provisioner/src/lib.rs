@@ -12,6 +12,9 @@
 //! holds a VolumeAttachment controller (external-attacher's work) generic over an
 //! [`attach::Attacher`] backend.
 //!
+//! Reclaiming space: [`reclaim_space`] serves csi-addons' ReclaimSpaceJob over a
+//! [`reclaim_space::SpaceReclaimer`] backend.
+//!
 //! Pure decisions live in [`ownership`] (is this claim ours?), [`pv`] (finish a PV, should this
 //! PV be deleted?), [`resize`] (does this claim need expansion?) and [`quantity`].
 
@@ -23,16 +26,20 @@
 pub mod attach;
 pub mod config;
 mod controller;
+mod custom_watch;
 pub mod data_source;
 pub mod events;
+pub mod fencing;
 mod finalizers;
 pub mod leader;
 pub mod metrics;
 pub mod modify;
+pub mod network_fence;
 pub mod ownership;
 pub mod pv;
 pub mod quantity;
 pub mod queue;
+pub mod reclaim_space;
 pub mod resize;
 pub mod snapshot;
 pub mod volume;

@@ -14,6 +14,8 @@
 //! | `provisioner_workqueue_depth` | gauge | |
 //! | `provisioner_workqueue_retries_total` | counter | |
 //! | `leader_election_master_status` | gauge (1 = leader) | name |
+//! | `reclaimspace_reclaimed_bytes_total` | counter | persistentvolume |
+//! | `reclaimspace_failed_total` | counter | persistentvolume |
 //!
 //! `source` is the kind of the claim's data source (empty for a new, blank volume).
 
@@ -48,6 +50,13 @@ pub struct ClassLabels {
     pub class: String,
 }
 
+/// Labels of the reclaim-space metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VolumeLabels {
+    /// PersistentVolume name (empty when the claim had none).
+    pub persistentvolume: String,
+}
+
 /// Labels of the leader-election gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaderLabels {
@@ -77,6 +86,8 @@ pub struct Metrics {
     pub(crate) queue_depth: Gauge,
     pub(crate) queue_retries: Counter,
     pub(crate) leader: Family<LeaderLabels, Gauge>,
+    pub(crate) reclaimed_bytes: Family<VolumeLabels, Counter>,
+    pub(crate) reclaim_failed: Family<VolumeLabels, Counter>,
 }
 
 impl Metrics {
@@ -103,6 +114,8 @@ impl Metrics {
             queue_depth: Gauge::default(),
             queue_retries: Counter::default(),
             leader: Family::default(),
+            reclaimed_bytes: Family::default(),
+            reclaim_failed: Family::default(),
         }
     }
 
@@ -170,6 +183,32 @@ impl Metrics {
             "1 while this instance holds the lease",
             self.leader.clone(),
         );
+        registry.register(
+            "reclaimspace_reclaimed_bytes",
+            "Bytes ReclaimSpaceJobs gave back to the storage",
+            self.reclaimed_bytes.clone(),
+        );
+        registry.register(
+            "reclaimspace_failed",
+            "ReclaimSpaceJobs that failed",
+            self.reclaim_failed.clone(),
+        );
+    }
+
+    pub(crate) fn reclaimed(&self, volume: &str, bytes: u64) {
+        self.reclaimed_bytes
+            .get_or_create(&VolumeLabels {
+                persistentvolume: volume.to_owned(),
+            })
+            .inc_by(bytes);
+    }
+
+    pub(crate) fn reclaim_failed(&self, volume: &str) {
+        self.reclaim_failed
+            .get_or_create(&VolumeLabels {
+                persistentvolume: volume.to_owned(),
+            })
+            .inc();
     }
 
     pub(crate) fn provisioned(&self, labels: &ProvisionLabels, took: Duration) {

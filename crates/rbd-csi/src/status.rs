@@ -36,6 +36,7 @@ impl From<MapError> for Status {
             MapError::ImageNotFound { .. } => Status::not_found(e.to_string()),
             MapError::Timeout(_) => Status::deadline_exceeded(e.to_string()),
             MapError::ReadOnlyUnsupported(_) => Status::invalid_argument(e.to_string()),
+            MapError::ModeMismatch { .. } => Status::failed_precondition(e.to_string()),
             _ => Status::internal(e.to_string()),
         }
     }

@@ -398,7 +398,8 @@ async fn per_volume_secret_kms_keeps_each_key_in_a_secret_of_its_own() {
             .unwrap(),
     );
     let pool = micro_ceph::cluster().pool.clone();
-    let secret_of = |image: &str| secret_per_volume::secret_name(&pool, image);
+    let fsid = micro_ceph::cluster().fsid().unwrap();
+    let secret_of = |image: &str| secret_per_volume::secret_name(&fsid, &pool, image);
     let key_of = |secret: &Secret| {
         String::from_utf8(secret.data.as_ref().unwrap()["dek"].0.clone()).unwrap()
     };
@@ -529,4 +530,225 @@ async fn per_volume_secret_kms_keeps_each_key_in_a_secret_of_its_own() {
     for name in names {
         assert_eq!(image_size(name), None);
     }
+}
+
+/// The `kubernetes-secret` key Secrets of the volume named `image`, with their DEKs.
+async fn key_secrets_of(setup: &Setup, image: &str) -> Vec<(String, String)> {
+    setup
+        .secrets()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|s| {
+            s.metadata.annotations.as_ref().is_some_and(|a| {
+                a.get("provisioner.ceph.com/image").map(String::as_str) == Some(image)
+            })
+        })
+        .map(|s| {
+            let dek = String::from_utf8(s.data.as_ref().unwrap()["dek"].0.clone()).unwrap();
+            (s.metadata.name.unwrap(), dek)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn per_volume_secrets_of_two_clusters_with_the_same_pool_and_image_names_do_not_collide() {
+    let setup = Setup::start(
+        r#"{"k8s": {"encryptionKMSType": "kubernetes-secret", "secretNamespace": "kms"}}"#,
+    )
+    .await;
+    let mut ctl = setup.server.controller().await;
+    let name = "pvc-kms-two-clusters";
+    remove_image(name);
+    let first = ctl
+        .create_volume(encrypted_request(name, "k8s"))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let before = key_secrets_of(&setup, name).await;
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    // A second cluster with a pool of the same name and a volume of the same name in it.
+    let other = micro_ceph::MicroCeph::start().unwrap();
+    assert_eq!(other.pool, micro_ceph::cluster().pool);
+    let mut req = encrypted_request(name, "k8s");
+    req.parameters
+        .insert("monitors".into(), other.monitors.clone());
+    req.secrets = common::strings(&[("userID", "admin"), ("userKey", &other.admin_key)]);
+    let second = ctl
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_ne!(first.volume_id, second.volume_id);
+
+    let after = key_secrets_of(&setup, name).await;
+    assert_eq!(after.len(), 2, "one key Secret per cluster: {after:?}");
+    assert!(
+        after.contains(&before[0]),
+        "the first cluster's key Secret was replaced: {before:?} -> {after:?}"
+    );
+    assert_ne!(after[0].1, after[1].1, "two volumes, two keys");
+    let fsid = micro_ceph::cluster().fsid().unwrap();
+    let pool = micro_ceph::cluster().pool.clone();
+    let first_secret = setup
+        .secrets()
+        .get(&secret_per_volume::secret_name(&fsid, &pool, name))
+        .await
+        .unwrap();
+    assert_eq!(
+        first_secret.metadata.annotations.unwrap()["provisioner.ceph.com/cluster-fsid"],
+        fsid
+    );
+
+    // Deleting the second cluster's volume leaves the first one's key alone.
+    let mut secrets_b = csi::DeleteVolumeRequest {
+        volume_id: second.volume_id,
+        secrets: common::strings(&[("userID", "admin"), ("userKey", &other.admin_key)]),
+    };
+    ctl.delete_volume(secrets_b.clone()).await.unwrap();
+    secrets_b.volume_id = first.volume_id;
+    secrets_b.secrets = secrets();
+    assert_eq!(key_secrets_of(&setup, name).await, before);
+    ctl.delete_volume(secrets_b).await.unwrap();
+    assert!(key_secrets_of(&setup, name).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_key_secret_of_another_volume_is_not_overwritten() {
+    let setup = Setup::start(
+        r#"{"k8s": {"encryptionKMSType": "kubernetes-secret", "secretNamespace": "kms"}}"#,
+    )
+    .await;
+    let mut ctl = setup.server.controller().await;
+    let name = "pvc-kms-owned";
+    remove_image(name);
+    let fsid = micro_ceph::cluster().fsid().unwrap();
+    let pool = micro_ceph::cluster().pool.clone();
+    let secret_name = secret_per_volume::secret_name(&fsid, &pool, name);
+    // A Secret of that name that names another image as its owner.
+    let foreign = Secret {
+        metadata: ObjectMeta {
+            name: Some(secret_name.clone()),
+            namespace: Some(KMS_NAMESPACE.to_owned()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_owned(),
+                "rbd-provisioner".to_owned(),
+            )])),
+            annotations: Some(BTreeMap::from([
+                ("provisioner.ceph.com/pool".to_owned(), pool.clone()),
+                (
+                    "provisioner.ceph.com/image".to_owned(),
+                    "someone-else".to_owned(),
+                ),
+            ])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "dek".to_owned(),
+            ByteString(b"their-key".to_vec()),
+        )])),
+        ..Secret::default()
+    };
+    setup
+        .secrets()
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    // An image with no key stored yet: the create stores one, and must not take that Secret.
+    let err = ctl
+        .create_volume(encrypted_request(name, "k8s"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains(&secret_name) && err.message().contains("someone-else"),
+        "{}",
+        err.message()
+    );
+    let kept = setup.secrets().get(&secret_name).await.unwrap();
+    assert_eq!(kept.data.unwrap()["dek"].0, b"their-key");
+    assert_eq!(
+        kept.metadata.annotations.unwrap()["provisioner.ceph.com/image"],
+        "someone-else"
+    );
+    remove_image(name);
+}
+
+#[tokio::test]
+async fn a_volume_whose_key_secret_has_the_name_of_an_older_version_still_opens_and_takes_it_along()
+{
+    let setup = Setup::start(
+        r#"{"k8s": {"encryptionKMSType": "kubernetes-secret", "secretNamespace": "kms"}}"#,
+    )
+    .await;
+    let mut ctl = setup.server.controller().await;
+    let mut node = setup.server.node().await;
+    let name = "pvc-kms-legacy";
+    remove_image(name);
+    let vol = ctl
+        .create_volume(encrypted_request(name, "k8s"))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let fsid = micro_ceph::cluster().fsid().unwrap();
+    let pool = micro_ceph::cluster().pool.clone();
+    // As an older version left it: the old name, annotations without the cluster.
+    let current = secret_per_volume::secret_name(&fsid, &pool, name);
+    let legacy = secret_per_volume::legacy_secret_name(&pool, name);
+    let mut secret = setup.secrets().get(&current).await.unwrap();
+    setup
+        .secrets()
+        .delete(&current, &Default::default())
+        .await
+        .unwrap();
+    secret.metadata = ObjectMeta {
+        name: Some(legacy.clone()),
+        namespace: Some(KMS_NAMESPACE.to_owned()),
+        labels: secret.metadata.labels.take(),
+        annotations: Some(BTreeMap::from([
+            ("provisioner.ceph.com/pool".to_owned(), pool.clone()),
+            ("provisioner.ceph.com/image".to_owned(), name.to_owned()),
+        ])),
+        ..ObjectMeta::default()
+    };
+    setup
+        .secrets()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+
+    // The node's key step finds the key (the stage then fails mapping: no krbd on this host).
+    let staging = setup.server.dir.path().join("staging-legacy");
+    let err = node
+        .node_stage_volume(stage_request(&vol, &staging))
+        .await
+        .unwrap_err();
+    assert!(
+        !err.message().contains("KMS entry"),
+        "the key was not found: {}",
+        err.message()
+    );
+    // A retried create keeps that key rather than storing a new one.
+    ctl.create_volume(encrypted_request(name, "k8s"))
+        .await
+        .unwrap();
+    assert!(setup.secrets().get_opt(&current).await.unwrap().is_none());
+    ctl.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: vol.volume_id,
+        secrets: secrets(),
+    })
+    .await
+    .unwrap();
+    assert!(
+        setup.secrets().get_opt(&legacy).await.unwrap().is_none(),
+        "the volume's old-named key Secret went with it"
+    );
 }

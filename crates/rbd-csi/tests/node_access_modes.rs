@@ -1,13 +1,13 @@
 //! Access modes on the node: a reader-only volume is mapped and mounted read-only, never
 //! formatted, checked or grown; a single-node-writer volume is not staged while a client of
 //! another node has the image open (its Ceph watchers). Real data path (fuse-loop mapper,
-//! micro-ceph); runs as root. The "other node" runs in this process with its own runtime
-//! directory (its own rbd-fuse) and is told that none of this host's addresses are its own, as
-//! a second host would be.
+//! micro-ceph); runs as root. The "other node" runs in this process with its own node ID and
+//! runtime directory (its own rbd-fuse), on this host's addresses: nodes are told apart by
+//! identity, not by address.
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,11 @@ use rbd_csi::proto::csi::volume_capability::access_mode::Mode;
 use rbd_csi::proto::csi::{self, node_server::Node, volume_usage::Unit};
 use rbd_csi::{MounterKind, Services};
 use tonic::Request;
+
+/// The one-writer test runs alone: a stage learns its node's client as the one client that
+/// appeared with its mapping, and another test's rbd-fuse instance starting at that moment (it
+/// opens every image of the pool) would leave it unknown, and the record with it.
+static ONE_WRITER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 fn with_mode(mut cap: csi::VolumeCapability, mode: Mode) -> csi::VolumeCapability {
     cap.access_mode = Some(csi::volume_capability::AccessMode { mode: mode as i32 });
@@ -34,6 +39,7 @@ fn staged_device_read_only(staging: &Path) -> bool {
 
 #[tokio::test]
 async fn a_reader_only_volume_is_mapped_and_mounted_read_only_and_never_grown() {
+    let _shared = ONE_WRITER.read().await;
     let server = TestServer::start(Services::Node, |_| {}).await;
     let image = TestImage::create("csi-rox-ext4", 64);
     let mut vol = Volume::new(&server, &image, mount_cap("ext4")).await;
@@ -92,6 +98,7 @@ async fn a_reader_only_volume_is_mapped_and_mounted_read_only_and_never_grown() 
 
 #[tokio::test]
 async fn a_reader_only_stage_of_a_blank_image_is_refused_and_writes_nothing() {
+    let _shared = ONE_WRITER.read().await;
     let server = TestServer::start(Services::Node, |_| {}).await;
     let image = TestImage::create("csi-rox-blank", 64);
     let mut vol = Volume::new(
@@ -117,8 +124,77 @@ async fn a_reader_only_stage_of_a_blank_image_is_refused_and_writes_nothing() {
     assert_eq!(du["images"][0]["used_size"], 0, "image has data: {du}");
 }
 
-/// A second node, served in this process: its own runtime directory (its own rbd-fuse), and no
-/// address of this host is its own.
+#[tokio::test]
+async fn a_read_only_stage_over_a_read_write_mapping_is_refused() {
+    let _shared = ONE_WRITER.read().await;
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-ro-over-rw", 64);
+    let mut writer = Volume::new(&server, &image, mount_cap("ext4")).await;
+    writer.stage().await.unwrap();
+    writer.publish(false).await.unwrap();
+
+    // The same image staged read-only at another staging path of this node (a second PV of
+    // the image, a ReadOnlyMany claim of it): it must not get the writer's loop device.
+    let mut reader = Volume::new(
+        &server,
+        &image,
+        with_mode(mount_cap("ext4"), Mode::MultiNodeReaderOnly),
+    )
+    .await;
+    reader.staging = server.dir.path().join("ro").join("globalmount");
+    reader.target = server.dir.path().join("ro").join("pod");
+    let err = reader.stage().await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("mapped read-write") && err.message().contains("/dev/loop"),
+        "{}",
+        err.message()
+    );
+    assert!(rbd_csi::mount::mount_at(&reader.staging).unwrap().is_none());
+    assert!(
+        rbd_csi::node::record::read(&reader.staging)
+            .unwrap()
+            .is_none()
+    );
+    // The writer's device was left alone.
+    std::fs::write(writer.target.join("still-writable"), "yes").unwrap();
+    writer.unpublish().await.unwrap();
+    writer.unstage().await.unwrap();
+    assert_nothing_left(&server);
+}
+
+#[tokio::test]
+async fn map_options_asking_for_a_writable_mapping_are_refused_on_a_read_only_stage() {
+    let _shared = ONE_WRITER.read().await;
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let image = TestImage::create("csi-ro-rw-option", 64);
+    let mut context = image.context();
+    context.insert("mounter".into(), "krbd".into());
+    context.insert("mapOptions".into(), "krbd:queue_depth=8,rw".into());
+    let err = server
+        .node()
+        .await
+        .node_stage_volume(csi::NodeStageVolumeRequest {
+            volume_id: image.volume_id(),
+            staging_target_path: server.dir.path().join("globalmount").display().to_string(),
+            volume_capability: Some(with_mode(mount_cap("ext4"), Mode::SingleNodeReaderOnly)),
+            secrets: image.secrets(),
+            volume_context: context,
+            publish_context: HashMap::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("volume_context.mapOptions") && err.message().contains("\"rw\""),
+        "{}",
+        err.message()
+    );
+    assert_nothing_left(&server);
+}
+
+/// A second node, served in this process: its own node ID and runtime directory (its own
+/// rbd-fuse), the same addresses as the first.
 struct OtherNode {
     node: NodeService,
     dir: tempfile::TempDir,
@@ -139,8 +215,7 @@ impl OtherNode {
             daemons: Default::default(),
             kms_config: Default::default(),
             secrets: None,
-        })
-        .with_local_addresses(HashSet::new());
+        });
         let cleanup = NodeCleanup {
             dirs: vec![dir.path().to_path_buf()],
         };
@@ -186,6 +261,7 @@ impl OtherNode {
 
 #[tokio::test]
 async fn a_single_node_writer_volume_open_on_another_node_is_not_staged() {
+    let _alone = ONE_WRITER.write().await;
     let server = TestServer::start(Services::Node, |_| {}).await;
     let image = TestImage::create("csi-rwo-watchers", 64);
     let mut vol = Volume::new(&server, &image, mount_cap("ext4")).await;
@@ -196,7 +272,8 @@ async fn a_single_node_writer_volume_open_on_another_node_is_not_staged() {
     let err = other.stage(&image, mount_cap("ext4")).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(
-        err.message().contains("in use by another client"),
+        err.message().contains("is staged read-write on node")
+            && err.message().contains("rbd-fuse instance"),
         "{}",
         err.message()
     );

@@ -109,6 +109,50 @@ async fn xfs_data_survives_unstage_and_restage() {
     filesystem_round_trip("xfs", "csi-node-xfs", 320).await;
 }
 
+/// A copy of an xfs volume (a restore, a clone: the same filesystem UUID) stages and reads on the
+/// node where its source is staged (xfs refuses a second mount of one UUID without `nouuid`).
+#[tokio::test]
+async fn an_xfs_copy_stages_beside_its_source() {
+    let server = TestServer::start(Services::Node, |_| {}).await;
+    let source = TestImage::create("csi-node-xfs-source", 320);
+    let mut vol = Volume::new(&server, &source, mount_cap("xfs")).await;
+    vol.stage().await.unwrap();
+    vol.publish(false).await.unwrap();
+    let mut file = std::fs::File::create(vol.target.join("kept.txt")).unwrap();
+    file.write_all(b"from the source").unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    std::fs::File::open(&vol.target)
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    vol.unpublish().await.unwrap(); // the source stays staged
+    // a full copy of the image: the same filesystem, UUID and all (removed on drop). Made by
+    // `rbd cp` to a name not taken: an image just created could not be removed at once, as any
+    // rbd-fuse serving the pool may open it when it lists the pool.
+    let cluster = micro_ceph::cluster();
+    let copy = TestImage {
+        pool: source.pool.clone(),
+        name: format!("csi-node-xfs-copy-{}", std::process::id()),
+    };
+    let spec = |image: &TestImage| format!("{}/{}", image.pool, image.name);
+    cluster
+        .rbd(&["cp", "--no-progress", &spec(&source), &spec(&copy)])
+        .unwrap();
+
+    let mut copied = Volume::new(&server, &copy, mount_cap("xfs")).await;
+    copied.stage().await.unwrap();
+    copied.publish(false).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(copied.target.join("kept.txt")).unwrap(),
+        "from the source"
+    );
+    copied.unpublish().await.unwrap();
+    copied.unstage().await.unwrap();
+    vol.unstage().await.unwrap();
+    assert_nothing_left(&server);
+}
+
 #[tokio::test]
 async fn block_volume_writes_and_reads_the_device() {
     let server = TestServer::start(Services::Node, |_| {}).await;

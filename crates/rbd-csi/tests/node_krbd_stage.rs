@@ -35,9 +35,12 @@ map)
   n=0; while [ -e "$root/sys/bus/rbd/devices/$n" ]; do n=$((n+1)); done
   d="$root/sys/bus/rbd/devices/$n"; mkdir -p "$d"
   echo "${{2%%/*}}" > "$d/pool"; echo "${{2#*/}}" > "$d/name"; echo > "$d/pool_ns"; echo - > "$d/current_snap"
-  : > "$root/dev/rbd$n"; echo "$root/dev/rbd$n" ;;
+  : > "$root/dev/rbd$n"
+  ro=0; for a in "$@"; do [ "$a" = --read-only ] && ro=1; done
+  mkdir -p "$root/sys/block/rbd$n"; echo $ro > "$root/sys/block/rbd$n/ro"
+  echo "$root/dev/rbd$n" ;;
 unmap)
-  n="${{2##*/rbd}}"; rm -r "$root/sys/bus/rbd/devices/$n"; rm -f "$2" ;;
+  n="${{2##*/rbd}}"; rm -r "$root/sys/bus/rbd/devices/$n" "$root/sys/block/rbd$n"; rm -f "$2" ;;
 esac
 "#,
             root = root.display()

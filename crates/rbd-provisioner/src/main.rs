@@ -30,6 +30,16 @@ fn main() {
     if cli.librbd_only {
         tracing::info!("every image operation goes through librbd (--librbd-only)");
     }
+    match rbd_volume::snapshot_limit::SnapshotLimits::new(
+        cli.max_snapshots_on_image,
+        cli.min_snapshots_on_image,
+    ) {
+        Ok(limits) => rbd_volume::snapshot_limit::set_snapshot_limits(limits),
+        Err(e) => {
+            eprintln!("rbd-provisioner: --{e}");
+            exit::exit(2);
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

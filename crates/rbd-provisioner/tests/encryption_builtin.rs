@@ -157,7 +157,8 @@ async fn each_kms_type_keeps_the_key_of_an_encrypted_csi_pv_until_it_is_deleted(
         let key = node_key(&h, &kms, &pv).await.expect("a key the node finds");
         assert_eq!(key.expose().len(), 64, "{id}: 32 random bytes, hex");
         let stored = h.image_meta(&image, encryption::kms::META_DEK);
-        let secret_name = secret_per_volume::secret_name(&h.ceph.pool, &image);
+        let secret_name =
+            secret_per_volume::secret_name(&h.ceph.fsid().unwrap(), &h.ceph.pool, &image);
         let secret = secrets(&h).get_opt(&secret_name).await.unwrap();
         match id {
             "plain" => assert_eq!(stored.as_deref(), Some(key.expose())),
@@ -227,7 +228,8 @@ async fn clones_snapshots_and_restores_carry_the_key_and_mismatches_are_refused(
         let own = node_key(&h, &kms, &pv).await.expect("its own stored key");
         assert!(own == key, "{made} opens with its source's key");
         let image = Harness::image_name(&pv);
-        let secret_name = secret_per_volume::secret_name(&h.ceph.pool, &image);
+        let secret_name =
+            secret_per_volume::secret_name(&h.ceph.fsid().unwrap(), &h.ceph.pool, &image);
         assert!(
             secrets(&h).get_opt(&secret_name).await.unwrap().is_some(),
             "{made} has a key Secret of its own"

@@ -1,8 +1,8 @@
 //! The RBAC in deploy/rbac.yaml covers every API call the provisioner makes: a full run (Immediate
 //! and WaitForFirstConsumer claims, filesystem and block, a failure, expansion, a
 //! VolumeAttributesClass named on a claim, a refused and then successful delete, leader election,
-//! CSIDriver lookup) against an emulator that records each request with its User-Agent, then
-//! every request of ours is matched against the rules.
+//! CSIDriver lookup, a ReclaimSpaceJob) against an emulator that records each request with its
+//! User-Agent, then every request of ours is matched against the rules.
 
 mod support;
 
@@ -73,9 +73,45 @@ fn allowed(rules: &[Rule], r: &RequestRecord) -> bool {
     })
 }
 
+/// Runs a ReclaimSpaceJob for `claim` to its end.
+async fn reclaim_space(h: &Harness, claim: &str) {
+    let resource =
+        kube::api::ApiResource::erase::<provisioner::reclaim_space::ReclaimSpaceJob>(&());
+    let jobs: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(h.client.clone(), "default", &resource);
+    let job = json!({
+        "apiVersion": "csiaddons.openshift.io/v1alpha1",
+        "kind": "ReclaimSpaceJob",
+        "metadata": {"name": format!("reclaim-{claim}"), "namespace": "default"},
+        "spec": {"target": {"persistentVolumeClaim": claim}},
+    });
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job).unwrap(),
+    )
+    .await
+    .unwrap();
+    h.wait_event(claim, "ReclaimSpaceSucceeded").await;
+    h.until(
+        "the ReclaimSpaceJob's status",
+        std::time::Duration::from_secs(30),
+        || async {
+            let job = jobs.get(&format!("reclaim-{claim}")).await.ok()?;
+            (job.data["status"]["result"] == "Succeeded").then_some(())
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deploy_rbac_covers_every_request_of_a_full_run() {
-    let h = Harness::start_on(Emulator::builder().record_requests(true).build()).await;
+    let h = Harness::start_on(
+        Emulator::builder()
+            .record_requests(true)
+            .csi_addons_crds(true)
+            .build(),
+    )
+    .await;
     h.create_namespace(DEPLOY_NAMESPACE).await;
     let _p = h.spawn(
         &[
@@ -112,6 +148,9 @@ async fn deploy_rbac_covers_every_request_of_a_full_run() {
         .await
         .unwrap();
     h.wait_event("blk", "VolumeModifyFailed").await;
+    // a ReclaimSpaceJob: its claim, PV and VolumeAttachments read, the image sparsified, its
+    // status written and an event on the claim
+    reclaim_space(&h, "blk").await;
     let patch = json!({"spec": {"resources": {"requests": {"storage": "64Mi"}}}});
     h.claims()
         .patch("fs", &PatchParams::default(), &Patch::Merge(&patch))
@@ -167,6 +206,19 @@ async fn deploy_rbac_covers_every_request_of_a_full_run() {
         )
         .await
         .unwrap();
+    // fencing: node-2 declared out of service gets its fence record (a Node patch) and events
+    nodes
+        .patch(
+            "node-2",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"taints": [{"key": "node.kubernetes.io/out-of-service",
+                "value": "nodeshutdown", "effect": "NoExecute"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    h.wait_event("node-2", "NodeFenced").await;
     h.create_claim("elsewhere", "wffc", "8Mi", false).await;
     let to_node_2 =
         json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": "node-2"}}});

@@ -44,6 +44,8 @@ const GUEST_TESTS: &[&str] = &[
     "guest_krbd_ext4_online_expansion",
     "guest_krbd_block_volume_round_trip",
     "guest_krbd_unstage_leaves_no_device_mount_or_watcher",
+    "guest_krbd_a_volume_mapped_on_one_node_is_not_staged_read_write_on_another",
+    "guest_a_krbd_writer_that_maps_a_source_under_its_snapshot_lock_writes_after_the_snapshot",
     "guest_nbd_filesystem_round_trip",
     "guest_nbd_block_volume_round_trip",
     "guest_rox_publish_is_read_only",
@@ -253,6 +255,18 @@ fn guest<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) {
     runtime().block_on(f());
 }
 
+/// A connection to the guest's micro-ceph as `client.admin`.
+async fn admin_connection(cluster: &micro_ceph::MicroCeph) -> std::sync::Arc<ceph_rbd::Cluster> {
+    ceph_rbd::ConnectionPool::default()
+        .get(&ceph_rbd::ClusterConfig::new(
+            &cluster.monitors,
+            "admin",
+            ceph_rbd::Secret::new(cluster.admin_key.clone()),
+        ))
+        .await
+        .expect("connecting to micro-ceph")
+}
+
 fn sh(cmd: &str) -> String {
     let out = Command::new("sh")
         .args(["-c", cmd])
@@ -304,8 +318,15 @@ impl Plugin {
             .append(true)
             .open(self.dir.join("node.log"))
             .expect("node log");
+        // node ID vm-node unless the test names another
+        let node_id = if self.args.iter().any(|a| a.starts_with("--node-id=")) {
+            None
+        } else {
+            Some("--node-id=vm-node")
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
-            .args(["csi", "--services=node", "--node-id=vm-node"])
+            .args(["csi", "--services=node"])
+            .args(node_id)
             .arg(format!("--endpoint=unix://{}", self.socket().display()))
             .arg(format!("--runtime-dir={}", self.dir.join("run").display()))
             .args(&self.args)
@@ -427,14 +448,7 @@ impl<'a> Volume<'a> {
     ) -> Volume<'a> {
         let dir = std::env::temp_dir().join(format!("vm-{name}"));
         std::fs::create_dir_all(&dir).expect("volume dir");
-        let rados = ceph_rbd::ConnectionPool::default()
-            .get(&ceph_rbd::ClusterConfig::new(
-                &cluster.monitors,
-                "admin",
-                ceph_rbd::Secret::new(cluster.admin_key.clone()),
-            ))
-            .await
-            .expect("connecting to micro-ceph");
+        let rados = admin_connection(cluster).await;
         rados
             .create_image(
                 &cluster.pool,
@@ -483,6 +497,23 @@ impl<'a> Volume<'a> {
             block: of.block,
             fs_type: of.fs_type.clone(),
             mode: Mode::SingleNodeWriter,
+        }
+    }
+
+    /// The same volume as another node stages it: staging and target paths of its own.
+    fn elsewhere(&self, name: &str) -> Volume<'a> {
+        let dir = std::env::temp_dir().join(format!("vm-{name}"));
+        std::fs::create_dir_all(&dir).expect("volume dir");
+        Volume {
+            cluster: self.cluster,
+            rados: self.rados.clone(),
+            image: self.image.clone(),
+            dir,
+            context: self.context.clone(),
+            secrets: self.secrets.clone(),
+            block: self.block,
+            fs_type: self.fs_type.clone(),
+            mode: self.mode,
         }
     }
 
@@ -1001,6 +1032,343 @@ fn guest_krbd_unstage_leaves_no_device_mount_or_watcher() {
             "a watcher is left on the image: {}",
             vol.watchers()
         );
+    });
+}
+
+/// One writer per volume on the kernel data path: a volume staged read-write with krbd on node
+/// vm-node (no attachment recorded: `attachRequired: false`) is recorded with the kernel client
+/// of its mapping (sysfs `client_id`), and a second node plugin (vm-node-b, same host, so
+/// behind the same address) is refused while that mapping exists and stages it once it is gone;
+/// a read-only stage on the first node does not reuse its read-write device.
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_krbd_a_volume_mapped_on_one_node_is_not_staged_read_write_on_another() {
+    guest(|| async {
+        let a = Plugin::start(&plugin_dir("krbd-writer-a"), &[]);
+        let b = Plugin::start(&plugin_dir("krbd-writer-b"), &["--node-id=vm-node-b"]);
+        let (mut on_a, mut on_b) = (a.client().await, b.client().await);
+        let vol = Volume::new("krbd-one-writer", "krbd", 64).await;
+        vol.stage(&mut on_a)
+            .await
+            .expect("NodeStageVolume on vm-node");
+        let device = std::fs::read_to_string("/proc/mounts")
+            .expect("mounts")
+            .lines()
+            .find(|l| l.split(' ').nth(1) == Some(vol.staging().to_str().expect("path")))
+            .and_then(|l| l.split(' ').next().map(str::to_owned))
+            .expect("the staging mount");
+        let id = device.trim_start_matches("/dev/rbd");
+        let kernel_client = std::fs::read_to_string(format!("/sys/bus/rbd/devices/{id}/client_id"))
+            .expect("sysfs client_id");
+        let record = vol
+            .rados
+            .metadata_get(
+                &vol.cluster.pool,
+                &vol.image,
+                "provisioner.ceph.com/staged-by",
+            )
+            .await
+            .expect("image metadata")
+            .expect("a staged-by record");
+        let record: serde_json::Value = serde_json::from_str(&record).expect("JSON");
+        assert_eq!(record["node"], "vm-node", "{record}");
+        assert_eq!(
+            format!("client{}", record["client"]),
+            kernel_client.trim(),
+            "{record}"
+        );
+        assert!(
+            record["address"].as_str().is_some_and(|a| a.contains('/')),
+            "{record}"
+        );
+
+        let other = vol.elsewhere("krbd-one-writer-b");
+        let err = other
+            .stage(&mut on_b)
+            .await
+            .expect_err("staged on vm-node-b too");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+        assert!(
+            err.message().contains("staged read-write on node vm-node ")
+                && err.message().contains("mapping is still there"),
+            "{}",
+            err.message()
+        );
+        assert!(!mounted(&other.staging()), "mounted on vm-node-b");
+        assert_eq!(
+            krbd_devices().len(),
+            1,
+            "a second mapping: {:?}",
+            krbd_devices()
+        );
+
+        vol.unstage(&mut on_a).await;
+        other
+            .stage(&mut on_b)
+            .await
+            .expect("NodeStageVolume on vm-node-b once vm-node let go");
+        other.unstage(&mut on_b).await;
+        assert!(krbd_devices().is_empty(), "{:?}", krbd_devices());
+    });
+}
+
+/// A snapshot's point in time against a kernel writer: the temporary snapshot of a source that
+/// nobody had open is taken without librbd, under the source's exclusive lock. A krbd client
+/// that maps the source after the watcher probe, while the lock is held (the steps hook pauses
+/// there), and writes as soon as it can, must write after the snapshot, with the new snapshot
+/// context: its marker is then in the source's head and not in the clone made from the
+/// snapshot.
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_a_krbd_writer_that_maps_a_source_under_its_snapshot_lock_writes_after_the_snapshot() {
+    if !in_guest() {
+        eprintln!("skipped: runs inside the VM (cargo test --test vm_kernel vm_suite)");
+        return;
+    }
+    // several threads: the clone runs while this test waits on the writer
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        use std::sync::{Arc, Mutex, mpsc};
+        const MARKER: &[u8] = b"written-by-krbd-after-the-snapshot";
+        let cluster = micro_ceph::cluster();
+        let rados = admin_connection(cluster).await;
+        let (pool, source, clone) = (cluster.pool.clone(), "pit-krbd-src", "pit-krbd-clone");
+        rados
+            .create_image(&pool, source, 16 << 20, &ceph_rbd::CreateOptions::default())
+            .await
+            .expect("creating the source");
+        let spec = format!("{pool}/{source}");
+
+        let (at_tx, at_rx) = mpsc::channel::<&'static str>();
+        let (resume_tx, resume_rx) = mpsc::channel::<()>();
+        let resume_rx = Mutex::new(resume_rx);
+        let paused = spec.clone();
+        let _hook = ceph_rbd::steps::install(Arc::new(move |step, target| {
+            if target.starts_with(&paused)
+                && (step == ceph_rbd::steps::SNAPSHOT_LOCKED
+                    || step == ceph_rbd::steps::SNAPSHOT_UNLOCKED)
+            {
+                at_tx.send(step).expect("the test listens");
+                resume_rx
+                    .lock()
+                    .expect("one hook at a time")
+                    .recv_timeout(Duration::from_secs(300))
+                    .expect("the test resumes the snapshot");
+            }
+        }));
+        let job = ceph_rbd::CloneJob {
+            parent_pool: pool.clone(),
+            parent: source.to_owned(),
+            snap: "pit-temporary".to_owned(),
+            temporary: true,
+            pool: pool.clone(),
+            image: clone.to_owned(),
+            options: ceph_rbd::CreateOptions::default(),
+            snapshot: None,
+        };
+        let cloning = {
+            let rados = rados.clone();
+            tokio::spawn(async move {
+                rados
+                    .clone_recorded(job, |_| ceph_rbd::CloneRecord::default())
+                    .await
+            })
+        };
+        let writer_spec = spec.clone();
+        let device = tokio::task::spawn_blocking(move || {
+            let wait = Duration::from_secs(300);
+            assert_eq!(
+                at_rx
+                    .recv_timeout(wait)
+                    .expect("the snapshot locks the source"),
+                ceph_rbd::steps::SNAPSHOT_LOCKED
+            );
+            // A krbd client maps the source now, after the fast path's watcher probe, while its
+            // lock is held, and writes as soon as it has the device. (krbd's map itself waits
+            // while the lock is held: seen here, a map started under the paused lock finished
+            // only once it was released.)
+            let conf = cluster.conf_path.display().to_string();
+            let (mapped_tx, mapped) = mpsc::channel();
+            let (written_tx, written) = mpsc::channel();
+            {
+                let (conf, spec) = (conf.clone(), writer_spec.clone());
+                std::thread::spawn(move || {
+                    let device = sh(&format!(
+                        "timeout 600 rbd -c {conf} map -o ms_mode=prefer-crc {spec}"
+                    ))
+                    .trim()
+                    .to_owned();
+                    let _ = mapped_tx.send(device.clone());
+                    let mut block = vec![0u8; 4096];
+                    block[..MARKER.len()].copy_from_slice(MARKER);
+                    write_block(Path::new(&device), &block);
+                    let _ = written_tx.send(());
+                });
+            }
+            resume_tx.send(()).expect("resume after the lock");
+            assert_eq!(
+                at_rx.recv_timeout(wait).expect("the snapshot unlocks"),
+                ceph_rbd::steps::SNAPSHOT_UNLOCKED
+            );
+            resume_tx.send(()).expect("resume after the unlock");
+            let device = mapped.recv_timeout(wait).expect("rbd map finishes");
+            assert!(device.starts_with("/dev/rbd"), "rbd map: {device:?}");
+            if written.recv_timeout(wait).is_err() {
+                panic!(
+                    "the krbd write did not finish: {} {} {}",
+                    sh(&format!("rbd -c {conf} status {writer_spec} 2>&1")),
+                    sh(&format!("rbd -c {conf} lock ls {writer_spec} 2>&1")),
+                    sh("dmesg | tail -n 30")
+                );
+            }
+            device
+        })
+        .await
+        .expect("the writer side");
+        tokio::time::timeout(Duration::from_secs(300), cloning)
+            .await
+            .expect("the clone finishes")
+            .expect("the clone task")
+            .expect("the clone from the temporary snapshot");
+        cluster.rbd(&["unmap", &device]).expect("rbd unmap");
+
+        let read = |image: &str| {
+            let file = std::env::temp_dir().join(format!("{image}.export"));
+            let _ = std::fs::remove_file(&file);
+            cluster
+                .rbd(&[
+                    "export",
+                    "--no-progress",
+                    &format!("{pool}/{image}"),
+                    file.to_str().expect("path"),
+                ])
+                .expect("rbd export");
+            let bytes = std::fs::read(&file).expect("the export");
+            let _ = std::fs::remove_file(&file);
+            bytes[..MARKER.len()].to_vec()
+        };
+        assert_eq!(read(source), MARKER, "the head has the krbd write");
+        assert_ne!(
+            read(clone),
+            MARKER,
+            "the krbd write made after the snapshot is in it"
+        );
+    });
+}
+
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn vm_slow_krbd_maps_a_source_after_more_snapshots_of_it_than_krbd_maps() {
+    guest(|| async {
+        use rbd_volume::snapshot_limit::{
+            HIGHEST_MAX_SNAPSHOTS_ON_IMAGE, KRBD_MAX_SNAPSHOTS, SnapshotLimits, set_snapshot_limits,
+        };
+        // The highest limits an operator may set (the defaults are lower), so that only the
+        // last requests cost a flatten (seconds each under emulation). Not min = max: then the
+        // first request past it flattens every snapshot image and is refused (ceph-csi's rule).
+        let limits = SnapshotLimits::new(
+            HIGHEST_MAX_SNAPSHOTS_ON_IMAGE,
+            HIGHEST_MAX_SNAPSHOTS_ON_IMAGE - 1,
+        )
+        .expect("limits");
+        set_snapshot_limits(limits);
+        let cluster = micro_ceph::cluster();
+        let rados = admin_connection(cluster).await;
+        let (pool, source) = (cluster.pool.clone(), "many-snaps-src");
+        rados
+            .create_image(&pool, source, 4 << 20, &ceph_rbd::CreateOptions::default())
+            .await
+            .expect("creating the source");
+        let spec = format!("{pool}/{source}");
+        let conf = cluster.conf_path.display().to_string();
+        // more snapshot requests than krbd maps snapshots, each through the volume core, four
+        // at a time (the count and the temporary snapshot are taken one request at a time)
+        let requests = KRBD_MAX_SNAPSHOTS as usize + 10;
+        let started = Instant::now();
+        let mut images = Vec::with_capacity(requests);
+        let mut next = 0;
+        let mut running = tokio::task::JoinSet::new();
+        while next < requests || !running.is_empty() {
+            while next < requests && running.len() < 4 {
+                let (rados, pool, spec) = (rados.clone(), pool.clone(), spec.clone());
+                let name = format!("many-snaps-{next}");
+                running.spawn(async move {
+                    let image = rbd_volume::snapshot::snapshot_image_name(&name);
+                    rbd_volume::create_snapshot(
+                        &rados,
+                        &rbd_volume::NewSnapshot {
+                            pool: &pool,
+                            source_image: source,
+                            image: &image,
+                            owner: &rbd_volume::SnapshotOwner {
+                                name,
+                                source: format!("vm-test {spec}"),
+                                driver: "vm-test".to_owned(),
+                                kube_cluster: String::new(),
+                            },
+                        },
+                    )
+                    .await
+                    .map(|_| image)
+                });
+                next += 1;
+            }
+            match running.join_next().await {
+                Some(Ok(Ok(image))) => {
+                    images.push(image);
+                    if images.len() % 50 == 0 {
+                        // straight to stderr (not captured): the guest log shows the pace
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "{} of {requests} snapshots after {:?}",
+                            images.len(),
+                            started.elapsed()
+                        );
+                    }
+                }
+                Some(Ok(Err(e))) => panic!("a snapshot of {spec}: {e}"),
+                Some(Err(e)) => panic!("a snapshot task: {e}"),
+                None => {}
+            }
+        }
+        let on_source: Vec<serde_json::Value> = serde_json::from_str(
+            &cluster
+                .rbd(&["snap", "ls", "--all", "--format", "json", &spec])
+                .expect("rbd snap ls"),
+        )
+        .expect("rbd snap ls json");
+        eprintln!(
+            "{requests} snapshots in {:?}: {} snapshots on the source",
+            started.elapsed(),
+            on_source.len()
+        );
+        assert!(
+            on_source.len() <= limits.min as usize + 1,
+            "{} snapshots on the source after {requests} snapshots (limits {limits:?})",
+            on_source.len()
+        );
+        // krbd maps it and writes through it
+        let device = sh(&format!("rbd -c {conf} map -o ms_mode=prefer-crc {spec}"))
+            .trim()
+            .to_owned();
+        assert!(device.starts_with("/dev/rbd"), "rbd map: {device:?}");
+        let mut block = vec![0u8; 4096];
+        block[..8].copy_from_slice(b"mapped!!");
+        write_block(Path::new(&device), &block);
+        cluster.rbd(&["unmap", &device]).expect("rbd unmap");
+        for image in &images {
+            rbd_volume::delete_snapshot(&rados, &pool, image)
+                .await
+                .unwrap_or_else(|e| panic!("deleting {image}: {e}"));
+        }
+        rados
+            .remove_image(&pool, source)
+            .await
+            .expect("removing the source");
     });
 }
 

@@ -28,6 +28,8 @@
 //!   configuration (enforced by librbd-based mappers, not by krbd);
 //! - [`publish`]: the nodes a volume is published to (CSI `ControllerPublishVolume`), recorded
 //!   on the image; a single-node volume is refused on a second node;
+//! - [`reclaim`]: giving freed space back to the pool (sparsify of a volume staged nowhere,
+//!   used size before and after);
 //! - [`encryption`]: encrypted volumes (ceph-csi's class parameters, the KMS keeping each
 //!   volume's key);
 //! - [`snapshot`]: snapshots (clone-v2 snapshot images `csi-snap-...`), restores and volume
@@ -39,14 +41,18 @@
 
 pub mod clusters;
 pub mod encryption;
+pub mod fence;
 pub mod id;
 pub mod lifecycle;
 pub mod naming;
 pub mod owner;
 pub mod publish;
 pub mod qos;
+pub mod reclaim;
 pub mod size;
 pub mod snapshot;
+pub mod snapshot_limit;
+pub mod staged;
 pub mod topology;
 
 pub use clusters::{ClusterConfigFile, ClusterRef};
@@ -61,6 +67,7 @@ pub use owner::{
     same_kube_cluster,
 };
 pub use qos::{Qos, QosError};
+pub use reclaim::{ReclaimError, Reclaimed, reclaim_space};
 pub use snapshot::{
     MAX_CHAIN_DEPTH, NewClone, NewSnapshot, Snapshot, SnapshotDeleted, SnapshotError, SnapshotId,
     SnapshotOwner, Source, clone_volume, create_snapshot, delete_snapshot, delete_volume,

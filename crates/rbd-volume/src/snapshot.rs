@@ -33,6 +33,12 @@
 //!   [`MAX_CHAIN_DEPTH`] parents. ceph-csi flattens in the background past a soft limit of 4 and
 //!   inline past 8; without a mgr there is no background, so one limit, ceph-csi's soft one.
 //!
+//! Clone v1: where the Ceph client's `rbd_default_clone_format` asks for it (`1`; `auto` is
+//! v2, as ceph-csi makes clones), librbd makes every clone v1, its parent
+//! snapshot protected, and each is flattened as soon as its record is written (`bound_depth`),
+//! so the layout above holds (no snapshot kept on a source; a snapshot deletable while its
+//! restores live on) at the cost of a full copy per snapshot, restore and clone.
+//!
 //! Inherited metadata: librbd copies a parent's metadata into each clone. A snapshot image or
 //! clone intermediate gets the source's volume record overwritten with a provisioner `-` and an
 //! empty PV (`ceph-rbd` has no metadata removal), so nothing reads it as the source's volume; a
@@ -318,6 +324,18 @@ pub enum SnapshotError {
     /// The new volume would be smaller than its source.
     #[error("a volume of at most {limit} bytes cannot hold its source of {source_size} bytes")]
     TooSmall { limit: u64, source_size: u64 },
+    /// The source has more snapshots than `max-snapshots-on-image` allows (krbd maps at most
+    /// 510): the snapshot images depending on them were flattened so that they can go; a retry
+    /// finds fewer ([`crate::snapshot_limit`]).
+    #[error(
+        "source volume {pool}/{image} has {count} snapshots, more than max-snapshots-on-image ({max}; krbd maps at most 510): the snapshot images depending on them were flattened so that they can go; retry"
+    )]
+    TooManySnapshots {
+        pool: String,
+        image: String,
+        count: u32,
+        max: u32,
+    },
 }
 
 impl From<ceph_rbd::Error> for SnapshotError {
@@ -461,9 +479,12 @@ async fn create_fresh_snapshot(
     new: &NewSnapshot<'_>,
 ) -> Result<Option<Snapshot>, SnapshotError> {
     let (pool, image, source) = (new.pool, new.image, new.source_image);
-    if !is_absent(cluster, pool, image).await {
+    // Clone v1: the step-by-step path, which flattens the snapshot image before its
+    // temporary snapshot (protected while the clone depends on it) goes.
+    if clones_v1(cluster).await? || !is_absent(cluster, pool, image).await {
         return Ok(None);
     }
+    let _counted = crate::snapshot_limit::bound_snapshots(cluster, pool, source).await?;
     let mut entries = owned(&NOT_A_VOLUME);
     entries.extend(owned(&new.owner.entries()));
     let job = CloneJob {
@@ -523,10 +544,20 @@ async fn create_fresh_snapshot(
     }
 }
 
-/// Temporary snapshot of the source, v2 clone of it as `new.image`.
+/// Whether this connection's clones are v1 ([`ceph_rbd::CloneFormat`]: the client's
+/// `rbd_default_clone_format` is `1`). A clone v1 keeps its parent snapshot protected, which this layout (no snapshot
+/// kept on a source, a snapshot deleted while its restores live on) cannot allow: every clone
+/// v1 is flattened as soon as its record is written ([`bound_depth`]), and its parent snapshot
+/// unprotected when it is removed.
+async fn clones_v1(cluster: &Cluster) -> Result<bool, ceph_rbd::Error> {
+    Ok(cluster.clone_format().await? == ceph_rbd::CloneFormat::V1)
+}
+
+/// Temporary snapshot of the source, clone of it as `new.image`.
 async fn clone_from_source(cluster: &Cluster, new: &NewSnapshot<'_>) -> Result<(), SnapshotError> {
     let (pool, image, source) = (new.pool, new.image, new.source_image);
     let temp = temp_snap_name(image);
+    let _counted = crate::snapshot_limit::bound_snapshots(cluster, pool, source).await?;
     match cluster.snap_create(pool, source, &temp).await {
         Ok(()) => {}
         Err(e) if e.is_already_exists() => {}
@@ -694,7 +725,11 @@ async fn check_clone(
             wanted: format!("{}/{}", parent.0, parent.1),
         });
     }
-    if cluster.ensure_child_listed(pool, image).await? == ceph_rbd::ChildLink::Unlisted {
+    // a clone v1 is listed in its pool's `rbd_children`, not by its parent snapshot; it is
+    // flattened next (`bound_depth`)
+    if !clones_v1(cluster).await?
+        && cluster.ensure_child_listed(pool, image).await? == ceph_rbd::ChildLink::Unlisted
+    {
         // its parent snapshot is deleted and does not count it: it could be purged under it
         tracing::warn!(
             pool,
@@ -805,28 +840,34 @@ async fn bound_depth(
     let parent = cluster.parent(pool, image).await?;
     // a flatten that began earlier (FLAT is written before it) and has not finished
     let flattening = recorded.map(String::as_str) == Some(FLAT);
+    // a clone v1 is flattened at once (see `clones_v1`)
+    let v1 = parent.is_some() && clones_v1(cluster).await?;
     let recorded_depth = recorded
         .and_then(|d| d.parse::<u32>().ok())
         .filter(|d| (1..=MAX_CHAIN_DEPTH).contains(d));
-    if let (Some(_), Some(bounded)) = (&parent, recorded_depth) {
+    if let (Some(_), Some(bounded), false) = (&parent, recorded_depth, v1) {
         // bounded when it was made (its own depth is written only then): a retry of a finished
         // restore whose snapshot went to the trash since does not flatten it
         return Ok(bounded);
     }
     let depth = match &parent {
         None => 0,
-        Some(_) if flattening => MAX_CHAIN_DEPTH + 1,
+        Some(_) if flattening || v1 => MAX_CHAIN_DEPTH + 1,
         Some(parent) if parent.in_trash => MAX_CHAIN_DEPTH + 1,
         Some(parent) => depth(cluster, &parent.pool_spec(), &parent.image).await? + 1,
     };
     let depth = if depth > MAX_CHAIN_DEPTH {
-        tracing::info!(
-            pool,
-            image,
-            depth,
-            max = MAX_CHAIN_DEPTH,
-            "flattening a deep clone"
-        );
+        if v1 {
+            tracing::info!(pool, image, "flattening a clone v1 (clone format 1)");
+        } else {
+            tracing::info!(
+                pool,
+                image,
+                depth,
+                max = MAX_CHAIN_DEPTH,
+                "flattening a deep clone"
+            );
+        }
         flatten_marked(cluster, pool, image, flattening).await?;
         if let Some(parent) = parent.filter(|p| p.in_trash) {
             // it may have been the trashed image's last clone
@@ -848,7 +889,7 @@ async fn bound_depth(
 /// Flattens `pool/image`, with [`FLAT`] recorded first (unless `marked` says it is already):
 /// a retry that finds the image without its parent then knows it holds its data, and one that
 /// finds the flatten unfinished resumes it.
-async fn flatten_marked(
+pub(crate) async fn flatten_marked(
     cluster: &Cluster,
     pool: &str,
     image: &str,
@@ -1204,6 +1245,7 @@ async fn restore_fresh(
         .ok_or_else(missing)?;
     let size = target_size(new, snap.size)?;
     let depth = depth_of(&facts) + 1;
+    let v1 = clones_v1(cluster).await?;
     let mut entries = vec![
         (META_CONTENT_SOURCE, new.source_id),
         (META_CLONE_INTERMEDIATE, ""),
@@ -1257,7 +1299,7 @@ async fn restore_fresh(
         }
         .into());
     }
-    if depth > MAX_CHAIN_DEPTH {
+    if depth > MAX_CHAIN_DEPTH || v1 {
         bound_depth(cluster, pool, image, None).await?;
     }
     Ok(Some(Ensured {

@@ -63,6 +63,7 @@ with rbd.Image(io, sys.argv[3]) as img:
         img.write(sys.argv[5].encode(), 0)
     else:
         sys.stdout.write(img.read(0, int(sys.argv[5])).decode('latin1'))
+io.close(); c.shutdown()
 ";
 
 /// Runs python-rbd (librbd, not our code) on `image`: `w` writes `arg` at offset 0, `r` reads

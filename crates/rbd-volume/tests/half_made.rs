@@ -8,89 +8,18 @@
 //! snapshot counting the clone as a child (`rbd children`); never an empty restore or
 //! snapshot reported done.
 
+mod common;
+
 use std::sync::Arc;
 
-use ceph_rbd::{ClusterConfig, ConnectionPool, CreateOptions, Features, PoolOptions, Secret};
+use common::{
+    MIB, cluster, delete_volume, digest, owner, plain, pool, snapshot, snapshot_owner, spec, write,
+};
 use rbd_volume::owner::{META_CLAIM, META_PROVISIONER, META_PV};
 use rbd_volume::snapshot::{META_CONTENT_SOURCE, snapshot_image_name};
-use rbd_volume::{
-    Claimant, Deleted, Ensured, Fit, Hooks, NewClone, NewImage, NewSnapshot, Outcome, Owner,
-    Snapshot, SnapshotOwner, Source,
-};
-use sha2::{Digest, Sha256};
+use rbd_volume::{Claimant, Deleted, Ensured, Hooks, Outcome, Snapshot};
 
-const MIB: u64 = 1 << 20;
 const SIZE: u64 = 16 * MIB;
-const DRIVER: &str = "rbd.provisioner.ceph.io";
-
-async fn cluster() -> Arc<ceph_rbd::Cluster> {
-    let ceph = micro_ceph::cluster();
-    let pool = ConnectionPool::new(PoolOptions::default());
-    pool.get(&ClusterConfig::new(
-        &ceph.monitors,
-        "admin",
-        Secret::new(ceph.admin_key.clone()),
-    ))
-    .await
-    .unwrap()
-}
-
-fn pool() -> &'static str {
-    &micro_ceph::cluster().pool
-}
-
-fn spec(image: &str) -> String {
-    format!("{}/{image}", pool())
-}
-
-/// The features the provisioner's classes ask for by default, all of which the RADOS-level
-/// create, clone and snapshot handle.
-fn plain() -> CreateOptions {
-    CreateOptions {
-        features: Some(
-            Features::parse("layering,exclusive-lock,object-map,fast-diff,deep-flatten").unwrap(),
-        ),
-        ..CreateOptions::default()
-    }
-}
-
-/// Writes `text` at `offset` of `image` through python-rbd (librbd, not our code).
-fn write(image: &str, offset: u64, text: &str) {
-    let ceph = micro_ceph::cluster();
-    let out = std::process::Command::new("/usr/bin/python3")
-        .args([
-            "-c",
-            "import sys, rados, rbd
-c = rados.Rados(conffile=sys.argv[1]); c.connect()
-io = c.open_ioctx(sys.argv[2])
-with rbd.Image(io, sys.argv[3]) as img:
-    img.write(sys.argv[5].encode(), int(sys.argv[4]))
-",
-        ])
-        .arg(&ceph.conf_path)
-        .args([pool(), image, &offset.to_string(), text])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// SHA-256 of `rbd export` of `at` (`image` or `image@snap`).
-fn digest(at: &str) -> String {
-    let ceph = micro_ceph::cluster();
-    let dir = std::env::temp_dir().join(format!("half-made-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(at.replace(['/', '@'], "_"));
-    let _ = std::fs::remove_file(&file);
-    ceph.rbd(&["export", "--no-progress", &spec(at), file.to_str().unwrap()])
-        .unwrap();
-    let bytes = std::fs::read(&file).unwrap();
-    std::fs::remove_file(&file).unwrap();
-    rbd_volume::hex(&Sha256::digest(&bytes)[..])
-}
 
 fn object_map_check(image: &str) {
     let ceph = micro_ceph::cluster();
@@ -110,61 +39,9 @@ fn is_child(parent: &str, image: &str) -> bool {
     children.contains(&format!("\"image\":\"{image}\""))
 }
 
-fn owner(pv: &str) -> Owner {
-    Owner {
-        pv: pv.into(),
-        claim: format!("ns/{pv}"),
-        provisioner: DRIVER.into(),
-        kube_cluster: String::new(),
-    }
-}
-
-fn volume_id(image: &str) -> String {
-    format!("v1/{}/{}/{image}", micro_ceph::cluster().monitors, pool())
-}
-
 async fn ensure(cluster: &ceph_rbd::Cluster, image: &str) -> Result<Ensured, rbd_volume::Error> {
-    rbd_volume::ensure(
-        cluster,
-        &NewImage {
-            pool: pool(),
-            image,
-            size: SIZE,
-            options: &plain(),
-            owner: &owner(image),
-            fit: Fit::Grow,
-        },
-        &Hooks::default(),
-    )
-    .await
+    common::ensure(cluster, image, SIZE).await
 }
-
-fn snapshot_owner(source: &str, name: &str) -> SnapshotOwner {
-    SnapshotOwner {
-        name: name.into(),
-        source: volume_id(source),
-        driver: DRIVER.into(),
-        kube_cluster: String::new(),
-    }
-}
-
-async fn snapshot(
-    cluster: &ceph_rbd::Cluster,
-    source: &str,
-    name: &str,
-) -> Result<Snapshot, rbd_volume::SnapshotError> {
-    rbd_volume::create_snapshot(
-        cluster,
-        &NewSnapshot {
-            pool: pool(),
-            source_image: source,
-            image: &snapshot_image_name(name),
-            owner: &snapshot_owner(source, name),
-        },
-    )
-    .await
-}
-
 fn source_id(snap: &Snapshot) -> String {
     format!("snapshot {}", snap.image)
 }
@@ -174,43 +51,8 @@ async fn restore(
     image: &str,
     snap: &Snapshot,
 ) -> Result<Ensured, rbd_volume::SnapshotError> {
-    let id = source_id(snap);
-    rbd_volume::clone_volume(
-        cluster,
-        &NewClone {
-            pool: pool(),
-            image,
-            size: SIZE,
-            options: &CreateOptions::default(),
-            owner: &owner(image),
-            fit: Fit::Within {
-                required: SIZE,
-                limit: 0,
-            },
-            source: Source::Snapshot {
-                pool: &snap.pool,
-                image: &snap.image,
-            },
-            source_id: &id,
-            driver: DRIVER,
-        },
-    )
-    .await
+    common::restore(cluster, image, SIZE, snap).await
 }
-
-async fn delete_volume(cluster: &ceph_rbd::Cluster, image: &str) {
-    let deleted = rbd_volume::delete_volume(
-        cluster,
-        pool(),
-        image,
-        &Claimant::image(),
-        &Hooks::default(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(deleted, Deleted::Removed, "{image}");
-}
-
 async fn delete_snapshot(cluster: &ceph_rbd::Cluster, snap: &Snapshot) {
     rbd_volume::delete_snapshot(cluster, pool(), &snap.image)
         .await

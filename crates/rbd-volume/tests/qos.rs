@@ -193,7 +193,8 @@ def run():
     return time.time() - t
 print(run(), flush=True)
 sys.stdin.readline()
-print(run(), flush=True)";
+print(run(), flush=True)
+img.close(); io.close(); c.shutdown()";
 
 #[tokio::test]
 async fn a_limit_set_later_reaches_an_image_already_open() {

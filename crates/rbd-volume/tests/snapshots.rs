@@ -43,6 +43,7 @@ with rbd.Image(io, sys.argv[3]) as img:
         img.write(sys.argv[6].encode(), int(sys.argv[5]))
     else:
         sys.stdout.write(img.read(int(sys.argv[5]), int(sys.argv[6])).decode('latin1'))
+io.close(); c.shutdown()
 ";
 
 /// Runs python-rbd on `image`: `w` writes `arg` at `offset`, `r` reads `arg` bytes.
@@ -636,4 +637,194 @@ async fn a_retried_delete_finds_the_clone_intermediate_in_another_pool() {
     assert_eq!(retry, Deleted::AlreadyGone);
     assert!(!in_other(), "the intermediate in {other} leaked");
     ceph.rbd(&["rm", &format!("{other}/{source}")]).unwrap();
+}
+
+/// A connection as a user whose client configuration (the monitors' central configuration,
+/// which the client reads when it connects) sets `rbd_default_clone_format` to `1`.
+async fn cluster_with_clone_format_1() -> Arc<ceph_rbd::Cluster> {
+    let ceph = micro_ceph::cluster();
+    let user = "clone-format-1";
+    let ceph_cli = |args: &[&str]| {
+        let out = ceph.cli("ceph").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "ceph {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let entity = format!("client.{user}");
+    let key = ceph_cli(&[
+        "auth",
+        "get-or-create-key",
+        &entity,
+        "mon",
+        "profile rbd",
+        "osd",
+        "profile rbd",
+    ]);
+    ceph_cli(&["config", "set", &entity, "rbd_default_clone_format", "1"]);
+    let pool = ConnectionPool::new(PoolOptions::default());
+    pool.get(&ClusterConfig::new(&ceph.monitors, user, Secret::new(key)))
+        .await
+        .unwrap()
+}
+
+fn rbd_json(args: &[&str]) -> serde_json::Value {
+    let out = micro_ceph::cluster().rbd(args).unwrap();
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("rbd {}: {e}: {out}", args.join(" ")))
+}
+
+/// `rbd info --format json` of `pool/image`.
+fn info(image: &str) -> serde_json::Value {
+    rbd_json(&["info", "--format", "json", &format!("{}/{image}", pool())])
+}
+
+fn op_features(info: &serde_json::Value) -> Vec<String> {
+    info["op_features"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter_map(|f| f.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// With `rbd_default_clone_format=1` in the client's configuration, every clone is librbd's
+/// clone v1, never the RADOS-level clone v2: seen at the moment each clone exists (a snapshot
+/// image, a restore, a volume clone's intermediate and the clone), it has its parent, no
+/// `clone-child` operation feature, and its parent snapshot is protected. Each is then
+/// flattened (this layout keeps no snapshot on a source) and every one holds its own
+/// source's bytes; a snapshot made the old way (clone v2) restores and deletes on it too;
+/// deleting them all leaves no image, snapshot or trash entry behind.
+#[tokio::test]
+async fn with_clone_format_1_every_clone_is_a_protected_snapshot_clone_v1_holding_its_bytes() {
+    let admin = cluster().await;
+    let source = "clone-v1-src";
+    volume(&admin, source, 8 * MIB).await;
+    write(source, 0, "before the snapshot");
+    write(source, 5 * MIB, "second object");
+    let v1 = cluster_with_clone_format_1().await;
+    assert_eq!(v1.clone_format().await.unwrap(), ceph_rbd::CloneFormat::V1);
+
+    let (restored, cloned) = ("clone-v1-restore", "clone-v1-clone");
+    let ours: Vec<String> = vec![
+        snapshot_image_name("clone-v1-snap"),
+        restored.to_owned(),
+        rbd_volume::snapshot::clone_intermediate_name(pool(), cloned),
+        cloned.to_owned(),
+    ];
+
+    // what each clone v1 looks like the moment librbd made it
+    let seen: Arc<std::sync::Mutex<Vec<(String, serde_json::Value, serde_json::Value)>>> =
+        Arc::default();
+    let prefix = format!("{}/", pool());
+    let _hook = ceph_rbd::steps::install({
+        let (seen, ours) = (Arc::clone(&seen), ours.clone());
+        Arc::new(move |step, at| {
+            let Some(image) = at.strip_prefix(&prefix) else {
+                return;
+            };
+            if step != ceph_rbd::steps::CLONE_V1_MADE || !ours.iter().any(|o| o == image) {
+                return;
+            }
+            let clone = info(image);
+            let parent = &clone["parent"];
+            let parent_snap = rbd_json(&[
+                "info",
+                "--format",
+                "json",
+                &format!(
+                    "{}/{}@{}",
+                    parent["pool"].as_str().unwrap_or_default(),
+                    parent["image"].as_str().unwrap_or_default(),
+                    parent["snapshot"].as_str().unwrap_or_default()
+                ),
+            ]);
+            seen.lock()
+                .unwrap()
+                .push((image.to_owned(), clone, parent_snap));
+        })
+    });
+
+    let snap = snapshot(&v1, source, "clone-v1-snap").await;
+    write(source, 0, "after the snapshot!");
+    restore(&v1, restored, 8 * MIB, &snap).await;
+    clone(
+        &v1,
+        cloned,
+        8 * MIB,
+        Source::Volume {
+            pool: pool(),
+            image: source,
+        },
+        &volume_id(source),
+    )
+    .await
+    .unwrap();
+
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let names: Vec<String> = seen.iter().map(|(image, _, _)| image.clone()).collect();
+    assert_eq!(names, ours, "snapshot, restore, intermediate, clone");
+    for (image, clone, parent_snap) in &seen {
+        assert!(clone["parent"].is_object(), "{image}: {clone}");
+        assert!(
+            !op_features(clone).iter().any(|f| f == "clone-child"),
+            "{image}: {clone}"
+        );
+        assert_eq!(parent_snap["protected"], "true", "{image}: {parent_snap}");
+    }
+
+    // flattened, each with its own source's bytes
+    assert_eq!(read(restored, 0, 19), "before the snapshot");
+    assert_eq!(read(restored, 5 * MIB, 13), "second object");
+    assert_eq!(read(cloned, 0, 19), "after the snapshot!");
+    assert_eq!(read(cloned, 5 * MIB, 13), "second object");
+    assert_eq!(read(&snap.image, 0, 19), "before the snapshot");
+    for image in [snap.image.as_str(), restored, cloned] {
+        let info = info(image);
+        assert!(info.get("parent").is_none(), "{image}: {info}");
+        assert!(op_features(&info).is_empty(), "{image}: {info}");
+    }
+    let source_snaps = micro_ceph::cluster()
+        .rbd(&["snap", "ls", "--all", &format!("{}/{source}", pool())])
+        .unwrap();
+    assert!(source_snaps.trim().is_empty(), "{source_snaps}");
+
+    // a snapshot made the old way (clone v2, on a connection that clones v2) restores and
+    // deletes through the clone-v1 connection
+    let old = snapshot(&admin, source, "clone-v1-old").await;
+    assert!(
+        info(&old.image)["op_features"]
+            .to_string()
+            .contains("clone-child")
+    );
+    let old_restored = "clone-v1-old-restore";
+    restore(&v1, old_restored, 8 * MIB, &old).await;
+    assert_eq!(read(old_restored, 0, 19), "after the snapshot!");
+    assert!(info(old_restored).get("parent").is_none());
+    delete_volume(&v1, old_restored).await;
+    rbd_volume::delete_snapshot(&v1, pool(), &old.image)
+        .await
+        .unwrap();
+
+    // everything deletes, the protected snapshot `N@N` with its image
+    for image in [restored, cloned, source] {
+        assert_eq!(delete_volume(&v1, image).await, Deleted::Removed, "{image}");
+    }
+    rbd_volume::delete_snapshot(&v1, pool(), &snap.image)
+        .await
+        .unwrap();
+    let left = admin.list_images(pool()).await.unwrap();
+    let trashed = trash_names(&admin).await;
+    for image in ours
+        .iter()
+        .map(String::as_str)
+        .chain([source, old.image.as_str(), old_restored])
+    {
+        assert!(!left.iter().any(|i| i == image), "{image}: {left:?}");
+        assert!(!trashed.iter().any(|i| i == image), "{image}: {trashed:?}");
+    }
 }

@@ -16,6 +16,7 @@ use serde_json::json;
 
 use super::attacher::{AttachRequest, Attacher, DetachRequest};
 use super::{ANN_NODE_ID, access, finalizer};
+use crate::fencing::Fencing;
 use crate::finalizers;
 use crate::queue::{Backoff, WorkQueue};
 
@@ -26,6 +27,10 @@ pub struct AttachControllerConfig {
     pub backoff: Backoff,
     /// How often every VolumeAttachment and PV is looked at again. Default: 5 min.
     pub resync: Duration,
+    /// Fencing of out-of-service nodes ([`crate::fencing`]): when set, a volume is detached
+    /// from an out-of-service node, or attached while its records name one, only once that
+    /// node is fenced. Default: none.
+    pub fencing: Option<Arc<Fencing>>,
 }
 
 impl Default for AttachControllerConfig {
@@ -33,6 +38,7 @@ impl Default for AttachControllerConfig {
         AttachControllerConfig {
             backoff: Backoff::default(),
             resync: Duration::from_mins(5),
+            fencing: None,
         }
     }
 }
@@ -43,6 +49,7 @@ struct AttachController {
     driver: String,
     finalizer: String,
     queue: WorkQueue<String>,
+    fencing: Option<Arc<Fencing>>,
 }
 
 /// The controller as a task for [`crate::Controller::with_companion`].
@@ -63,6 +70,7 @@ pub async fn run(client: Client, backend: Arc<dyn Attacher>, config: AttachContr
         finalizer: finalizer(&driver),
         driver,
         queue: WorkQueue::new(config.backoff),
+        fencing: config.fencing.clone(),
     });
     tracing::info!(driver = %ctl.driver, "watching VolumeAttachments");
     // Held by this future: when it is dropped (lease lost), these go too.
@@ -318,6 +326,10 @@ impl AttachController {
                 .await
                 .map_err(|e| format!("adding the finalizer to PersistentVolume: {e}"))?;
         }
+        // a node the volume's records name that is out of service is fenced first
+        if let Some(fencing) = &self.fencing {
+            fencing.before_attach(&volume, &node_id).await?;
+        }
         let request = AttachRequest {
             volume: &volume,
             node_id: &node_id,
@@ -336,6 +348,11 @@ impl AttachController {
             tracing::warn!(volumeattachment = %va.name_any(), "the PV is gone; detached without unpublishing");
             return Ok(());
         };
+        // Kubernetes force-detaches the volumes of an out-of-service node: fence it first, so
+        // the volume is free for another node only once the lost one can no longer write
+        if let Some(fencing) = &self.fencing {
+            fencing.fence_if_out_of_service(&va.spec.node_name).await?;
+        }
         let node_id = match va.annotations().get(ANN_NODE_ID) {
             Some(id) => id.clone(),
             None => self.node_id(&va.spec.node_name).await?,

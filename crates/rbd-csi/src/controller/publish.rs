@@ -9,7 +9,8 @@
 //! (refusing would leave such volumes unattachable after an upgrade), says so in a warning and in
 //! the publish context ([`CONTEXT_RECORD`], which external-attacher copies to the
 //! `VolumeAttachment`'s `status.attachmentMetadata`), and Kubernetes' own Multi-Attach check and
-//! the node's watcher check remain the protection.
+//! the node's one-writer check (watchers judged by node identity, `crate::node::access`) remain
+//! the protection.
 //!
 //! **Nodes**: a plugin that also serves the node (`--services=all`) is that one node: a publish
 //! to any other node ID is `NOT_FOUND`, and with `--max-volumes-per-node` a publish beyond that

@@ -42,6 +42,7 @@ pub(super) fn snapshot_status(e: SnapshotError) -> Status {
         }
         SnapshotError::NotFound(_) => Status::not_found(e.to_string()),
         SnapshotError::TooSmall { .. } => Status::out_of_range(e.to_string()),
+        SnapshotError::TooManySnapshots { .. } => Status::resource_exhausted(e.to_string()),
     }
 }
 

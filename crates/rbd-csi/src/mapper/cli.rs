@@ -2,20 +2,30 @@
 //! already is not mapped again (its device is returned), the key goes to the helper in a private
 //! file removed right after the call (never on its command line), the helper prints the device it
 //! mapped, and unmapping touches only a device that still maps the image (a device that is gone
-//! is a success; one that now maps another image is left alone).
+//! is a success; one that now maps another image is left alone). A mapping has the mode asked
+//! for: an existing one of the other mode is not reused ([`MapError::ModeMismatch`]), and a new
+//! read-only one the kernel reports writable is unmapped again ([`MapError::NotReadOnly`]).
 
 use std::path::Path;
 
 use super::daemon::DaemonPlacement;
 use super::secret_file::SecretFile;
 use super::{
-    ImageSpec, Key, MapError, MappedDevice, Mapping, MounterKind, device_to_unmap, find_mapping,
-    parse_device_output, redact_exec,
+    ImageSpec, Key, MapError, MappedDevice, Mapping, MounterKind, check_fresh_mode,
+    check_reused_mode, device_to_unmap, find_mapping, parse_device_output, redact_exec,
 };
 use crate::exec;
 
-/// The device of an existing mapping of `image` (from `mappings`), else runs `program` with the
-/// arguments `args(keyfile)` builds and returns the device it printed.
+/// How a CLI mapping is made: read-only or not, and where sysfs is (`/`; a fake tree in tests)
+/// to verify it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mode<'a> {
+    pub(crate) read_only: bool,
+    pub(crate) root: &'a Path,
+}
+
+/// The device of an existing mapping of `image` (from `mappings`) of the same `mode`, else runs
+/// `program` with the arguments `args(keyfile)` builds and returns the device it printed.
 #[allow(clippy::too_many_arguments)] // one call site per mapper; a struct would only rename them
 pub(crate) async fn map(
     program: &str,
@@ -25,6 +35,7 @@ pub(crate) async fn map(
     key: &Key,
     image: &ImageSpec,
     mappings: &[Mapping],
+    mode: Mode<'_>,
     args: impl FnOnce(&Path) -> Vec<String>,
 ) -> Result<MappedDevice, MapError> {
     map_placed(
@@ -35,6 +46,7 @@ pub(crate) async fn map(
         key,
         image,
         mappings,
+        mode,
         args,
         None,
     )
@@ -52,10 +64,12 @@ pub(crate) async fn map_placed(
     key: &Key,
     image: &ImageSpec,
     mappings: &[Mapping],
+    mode: Mode<'_>,
     args: impl FnOnce(&Path) -> Vec<String>,
     placement: Option<&DaemonPlacement>,
 ) -> Result<MappedDevice, MapError> {
     if let Some(existing) = find_mapping(mappings, image) {
+        check_reused_mode(mode.root, &existing.device, image, mode.read_only).await?;
         tracing::info!(image = %image, device = %existing.device.display(), mounter = %kind,
             "image is mapped already; reusing its device");
         return Ok(MappedDevice {
@@ -86,9 +100,17 @@ pub(crate) async fn map_placed(
     }
     .map_err(|e| redact_exec(e, key))?;
     drop(keyfile);
+    let device = parse_device_output(display_name, &out.stdout)?;
+    if let Err(e) = check_fresh_mode(mode.root, &device, mode.read_only).await {
+        let name = device.to_string_lossy();
+        if let Err(unmap) = exec::run(program, &["unmap", &name]).await {
+            tracing::warn!(device = %name, error = %unmap, "unmapping a writable read-only mapping failed");
+        }
+        return Err(e);
+    }
     Ok(MappedDevice {
         mounter: kind,
-        device: parse_device_output(display_name, &out.stdout)?,
+        device,
         fuse: None,
     })
 }

@@ -298,8 +298,10 @@ impl Mapper for FuseLoopMapper {
         self.map_with(image, key, &MapOptions::default()).await
     }
 
-    /// A read-only mapping is a read-only loop device (`losetup -r`): rbd-fuse itself has no
-    /// read-only mode. The instance is per monitors, so the cluster needs no further check.
+    /// A read-only mapping is a read-only loop device (`losetup -r`, verified in
+    /// `/sys/block/loopN/ro`): rbd-fuse itself has no read-only mode. An existing loop device of
+    /// the image is reused only in the mode asked for. The instance is per monitors, so the
+    /// cluster needs no further check.
     async fn map_with(
         &self,
         image: &ImageSpec,
@@ -320,6 +322,8 @@ impl Mapper for FuseLoopMapper {
                 image_file: mnt.join(&image.image),
             };
             if let Some(device) = loop_device_for(&attachment.image_file) {
+                // never a read-write loop device for a read-only stage, nor the reverse
+                super::check_reused_mode(Path::new("/"), &device, image, options.read_only).await?;
                 return Ok(MappedDevice {
                     mounter: MounterKind::FuseLoop,
                     device,
@@ -352,6 +356,12 @@ impl Mapper for FuseLoopMapper {
                     return Err(e.into());
                 }
             };
+            if let Err(e) =
+                super::check_fresh_mode(Path::new("/"), &device, options.read_only).await
+            {
+                exec::run("losetup", &["-d", &device.to_string_lossy()]).await?;
+                return Err(e);
+            }
             let Err(read_error) = read_first_block(&device).await else {
                 return Ok(MappedDevice {
                     mounter: MounterKind::FuseLoop,

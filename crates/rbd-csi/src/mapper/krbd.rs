@@ -97,6 +97,20 @@ pub fn mappings(root: &Path) -> io::Result<Vec<Mapping>> {
     Ok(found)
 }
 
+/// The global ID of the Ceph client instance behind `/dev/rbd<id>`: sysfs
+/// `<root>/sys/bus/rbd/devices/<id>/client_id` (`client4157`); `None` for another device name or
+/// an unreadable attribute.
+#[must_use]
+pub fn client_id(root: &Path, device: &Path) -> Option<u64> {
+    let id = device.file_name()?.to_str()?.strip_prefix("rbd")?;
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let text = std::fs::read_to_string(root.join("sys/bus/rbd/devices").join(id).join("client_id"))
+        .ok()?;
+    text.trim().strip_prefix("client")?.parse().ok()
+}
+
 /// The `rbd map` arguments (pure, no key: only the key file's path).
 #[must_use]
 pub fn map_args(image: &ImageSpec, keyfile: &Path, map_options: Option<&str>) -> Vec<String> {
@@ -162,11 +176,16 @@ impl Mapper for KrbdMapper {
         MounterKind::Krbd
     }
 
+    async fn client_of(&self, mapped: &MappedDevice) -> Option<u64> {
+        client_id(&self.root, &mapped.device)
+    }
+
     async fn map(&self, image: &ImageSpec, key: &Key) -> Result<MappedDevice, MapError> {
         self.map_with(image, key, &MapOptions::default()).await
     }
 
-    /// Reuses only a mapping of the same cluster (`cluster_fsid`); `--read-only` when asked.
+    /// Reuses only a mapping of the same cluster (`cluster_fsid`) and mode (sysfs
+    /// `/sys/block/rbdN/ro`); `--read-only` when asked, and verified.
     async fn map_with(
         &self,
         image: &ImageSpec,
@@ -186,6 +205,10 @@ impl Mapper for KrbdMapper {
             key,
             image,
             &existing,
+            super::cli::Mode {
+                read_only: options.read_only,
+                root: &self.root,
+            },
             |keyfile| {
                 let mut args = map_args(image, keyfile, map_options);
                 if options.read_only {
@@ -225,6 +248,18 @@ mod tests {
 
     /// A fake `/`: `sys/bus/rbd/devices/<id>/...` and `dev/rbd<id>` for each mapping
     /// `(id, pool, namespace, image, snap)`.
+    #[test]
+    fn the_client_of_a_mapping_is_read_from_sysfs_client_id() {
+        let root = fake_root(&[(3, "kube", "", "pvc-1", "-")]);
+        let dir = root.path().join("sys/bus/rbd/devices/3");
+        std::fs::write(dir.join("client_id"), "client4157\n").unwrap();
+        assert_eq!(client_id(root.path(), Path::new("/dev/rbd3")), Some(4157));
+        assert_eq!(client_id(root.path(), Path::new("/dev/rbd4")), None);
+        assert_eq!(client_id(root.path(), Path::new("/dev/nbd3")), None);
+        std::fs::write(dir.join("client_id"), "garbage\n").unwrap();
+        assert_eq!(client_id(root.path(), Path::new("/dev/rbd3")), None);
+    }
+
     fn fake_root(mappings: &[(u32, &str, &str, &str, &str)]) -> tempfile::TempDir {
         let root = tempfile::tempdir().unwrap();
         let devices = root.path().join("sys/bus/rbd/devices");
@@ -243,6 +278,9 @@ mod tests {
             }
             std::fs::write(dir.join("major"), "251\n").unwrap();
             std::fs::write(root.path().join(format!("dev/rbd{id}")), "").unwrap();
+            let block = root.path().join(format!("sys/block/rbd{id}"));
+            std::fs::create_dir_all(&block).unwrap();
+            std::fs::write(block.join("ro"), "0\n").unwrap();
         }
         root
     }
@@ -323,6 +361,79 @@ mod tests {
             .unwrap();
         assert_eq!(mapped.device, PathBuf::from("/dev/rbd9"));
         assert_eq!(fake::calls(root.path()), "map kube/pvc-2\n");
+    }
+
+    #[tokio::test]
+    async fn a_mapping_of_the_other_mode_is_not_reused_and_a_writable_read_only_one_is_unmapped() {
+        let root = fake_root(&[(3, "kube", "", "pvc-1", "-")]);
+        let mapper = KrbdMapper::new(root.path().join("keys"), None)
+            .with_program(fake_rbd(root.path()))
+            .with_root(root.path());
+        let read_only = MapOptions {
+            read_only: true,
+            cluster_fsid: None,
+        };
+        // /dev/rbd3 maps pvc-1 read-write: a read-only stage does not get it
+        let err = mapper
+            .map_with(&image("kube", "pvc-1"), &Key::new("AQB=="), &read_only)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MapError::ModeMismatch {
+                    mapped_read_only: false,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("mapped read-write"), "{err}");
+        assert_eq!(fake::calls(root.path()), "", "nothing mapped or unmapped");
+        // and a read-only mapping is no read-write stage's either
+        std::fs::write(root.path().join("sys/block/rbd3/ro"), "1\n").unwrap();
+        let err = mapper
+            .map(&image("kube", "pvc-1"), &Key::new("AQB=="))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MapError::ModeMismatch {
+                    mapped_read_only: true,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            mapper
+                .map_with(&image("kube", "pvc-1"), &Key::new("AQB=="), &read_only)
+                .await
+                .unwrap()
+                .device,
+            root.path().join("dev/rbd3")
+        );
+        // a fresh read-only map the kernel reports writable is unmapped again
+        let script = fake::program(
+            root.path(),
+            "fake-rbd-rw",
+            "",
+            "[ \"$1\" = map ] && echo /dev/rbd5\nexit 0",
+        );
+        let block = root.path().join("sys/block/rbd5");
+        std::fs::create_dir_all(&block).unwrap();
+        std::fs::write(block.join("ro"), "0\n").unwrap();
+        let mapper = mapper.with_program(script);
+        let err = mapper
+            .map_with(&image("kube", "pvc-2"), &Key::new("AQB=="), &read_only)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, MapError::NotReadOnly { .. }), "{err}");
+        assert_eq!(
+            fake::calls(root.path()),
+            "map kube/pvc-2\nunmap /dev/rbd5\n"
+        );
     }
 
     /// What `unmap` of the volume recorded at /dev/rbd`recorded` (image kube/pvc-1) runs, with

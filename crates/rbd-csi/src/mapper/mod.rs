@@ -187,6 +187,22 @@ pub enum MapError {
     /// The mapper cannot map read-only.
     #[error("the {0} mapper cannot map an image read-only")]
     ReadOnlyUnsupported(MounterKind),
+    /// An existing mapping of the image has the other mode: a read-only stage never reuses a
+    /// read-write mapping (nor a read-write stage a read-only one).
+    #[error(
+        "image {image} is mapped {} on this node already ({device}, another staging of it); a {} \
+         stage does not reuse it: unstage that one first",
+        if *mapped_read_only { "read-only" } else { "read-write" },
+        if *mapped_read_only { "read-write" } else { "read-only" }
+    )]
+    ModeMismatch {
+        image: String,
+        device: String,
+        mapped_read_only: bool,
+    },
+    /// A mapping asked for read-only that the kernel reports writable (unmapped again).
+    #[error("{device} was mapped read-only but the kernel reports it writable (sysfs ro is 0)")]
+    NotReadOnly { device: String },
     /// The mapping record belongs to another mapper.
     #[error("device {device} was mapped by {recorded}, not {expected}")]
     WrongMapper {
@@ -256,6 +272,13 @@ pub trait Mapper: Send + Sync {
         self.unmap(mapped, image).await
     }
 
+    /// The global ID of the Ceph client instance that serves `mapped`, where the mapper can tell
+    /// without asking the cluster (krbd: sysfs `client_id`). The default: unknown.
+    async fn client_of(&self, mapped: &MappedDevice) -> Option<u64> {
+        let _ = mapped;
+        None
+    }
+
     /// Makes the block device show the image's new size after a resize to `new_size` bytes.
     /// Kernel mappers see resizes by themselves; the default does nothing.
     async fn refresh_size(&self, mapped: &MappedDevice, new_size: u64) -> Result<(), MapError> {
@@ -297,6 +320,83 @@ impl Mapping {
     #[must_use]
     pub fn in_cluster(&self, fsid: Option<&str>) -> bool {
         fsid.is_none_or(|fsid| self.cluster_fsid.as_deref() == Some(fsid))
+    }
+}
+
+/// Whether the kernel reports block device `device` read-only: `<root>/sys/block/<name>/ro`,
+/// `<name>` being the device's (symlinks such as `/dev/mapper/<name>` resolved) under `/`, or
+/// `device`'s own name elsewhere (a fake tree in tests).
+///
+/// # Errors
+/// When the attribute cannot be read (no such device) or holds something else than 0 or 1.
+pub fn device_read_only(root: &Path, device: &Path) -> std::io::Result<bool> {
+    let resolved = if root == Path::new("/") {
+        std::fs::canonicalize(device)?
+    } else {
+        device.to_path_buf()
+    };
+    let name = resolved.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "device path without a name",
+        )
+    })?;
+    let attribute = root.join("sys/block").join(name).join("ro");
+    match std::fs::read_to_string(&attribute)?.trim() {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        other => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: {other:?}", attribute.display()),
+        )),
+    }
+}
+
+/// `Ok` when the existing mapping `device` of `image` has the mode `read_only` asks for,
+/// [`MapError::ModeMismatch`] otherwise.
+pub(crate) async fn check_reused_mode(
+    root: &Path,
+    device: &Path,
+    image: &ImageSpec,
+    read_only: bool,
+) -> Result<(), MapError> {
+    let (root, dev) = (root.to_path_buf(), device.to_path_buf());
+    let mapped_read_only = blocking("reading the mode of", move || {
+        device_read_only(&root, &dev)
+            .map_err(|e| MapError::io("reading the mode of", dev.display(), e))
+    })
+    .await?;
+    if mapped_read_only == read_only {
+        return Ok(());
+    }
+    Err(MapError::ModeMismatch {
+        image: image.spec(),
+        device: device.display().to_string(),
+        mapped_read_only,
+    })
+}
+
+/// `Ok` unless a mapping made `read_only` is writable ([`MapError::NotReadOnly`]).
+pub(crate) async fn check_fresh_mode(
+    root: &Path,
+    device: &Path,
+    read_only: bool,
+) -> Result<(), MapError> {
+    if !read_only {
+        return Ok(());
+    }
+    let (root, dev) = (root.to_path_buf(), device.to_path_buf());
+    let is_read_only = blocking("reading the mode of", move || {
+        device_read_only(&root, &dev)
+            .map_err(|e| MapError::io("reading the mode of", dev.display(), e))
+    })
+    .await?;
+    if is_read_only {
+        Ok(())
+    } else {
+        Err(MapError::NotReadOnly {
+            device: device.display().to_string(),
+        })
     }
 }
 

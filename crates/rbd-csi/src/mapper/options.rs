@@ -363,6 +363,15 @@ pub fn sets(options: Option<&str>, name: &str) -> bool {
     })
 }
 
+/// The krbd option in `options` that maps an image writable (`rw`, `read_write`), if any: never
+/// allowed on a read-only stage.
+#[must_use]
+pub fn writable_option(options: Option<&str>) -> Option<&'static str> {
+    ["rw", "read_write"]
+        .into_iter()
+        .find(|name| sets(options, name))
+}
+
 impl fmt::Display for Which {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -496,6 +505,10 @@ mod tests {
             assert_eq!(default_ms_mode(m), None, "{m}");
         }
         assert!(sets(Some("noudev,ms_mode=crc"), "ms_mode"));
+        assert_eq!(writable_option(Some("queue_depth=8,rw")), Some("rw"));
+        assert_eq!(writable_option(Some("read_write")), Some("read_write"));
+        assert_eq!(writable_option(Some("ro,rwx")), None);
+        assert_eq!(writable_option(None), None);
         assert!(!sets(Some("noudev"), "ms_mode"));
     }
 }

@@ -1,5 +1,6 @@
 //! The CSI Node service: stage (map + mkfs when blank + mount), publish (bind mount), unpublish,
-//! unstage (unmount + unmap), expand, stats, capabilities and info.
+//! unstage (unmount + unmap), expand, stats, capabilities and info; and, outside CSI, reclaiming
+//! a staged volume's free space ([`reclaim`]).
 //!
 //! Every call is idempotent as the CSI specification requires, and calls on one volume are
 //! serialised: a call arriving while another one for the same volume runs gets `ABORTED`
@@ -13,6 +14,7 @@
 pub mod access;
 mod crypt;
 mod publish;
+pub mod reclaim;
 pub mod record;
 pub mod request;
 mod stage;
@@ -66,9 +68,8 @@ pub struct NodeService {
     mappers: HashMap<MounterKind, Arc<dyn Mapper>>,
     locks: VolumeLocks,
     cluster: Arc<dyn access::ClusterCheck>,
-    /// This node's IP addresses, when fixed (tests standing in for another host); `None`: the
-    /// host's, read when needed.
-    local_addresses: Option<Arc<std::collections::HashSet<std::net::IpAddr>>>,
+    /// The Ceph clients of this node's own mappings ([`access::OwnClients`]).
+    own_clients: access::OwnClients,
 }
 
 impl std::fmt::Debug for NodeService {
@@ -104,23 +105,12 @@ impl NodeService {
     #[must_use]
     pub fn with_mappers(config: NodeConfig, mappers: Vec<Arc<dyn Mapper>>) -> Self {
         Self {
-            config,
             mappers: mappers.into_iter().map(|m| (m.kind(), m)).collect(),
             locks: VolumeLocks::new(),
             cluster: Arc::new(access::CephCheck),
-            local_addresses: None,
+            own_clients: access::OwnClients::new(&config.runtime_dir),
+            config,
         }
-    }
-
-    /// Fixes the addresses this node's own Ceph clients watch images from (the default: the
-    /// host's). Tests use it to run two "nodes" on one host.
-    #[must_use]
-    pub fn with_local_addresses(
-        mut self,
-        addresses: std::collections::HashSet<std::net::IpAddr>,
-    ) -> Self {
-        self.local_addresses = Some(Arc::new(addresses));
-        self
     }
 
     /// Replaces the check stage makes with the caller's key before mapping (tests without a

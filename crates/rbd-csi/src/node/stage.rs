@@ -1,9 +1,12 @@
 //! `NodeStageVolume` and `NodeUnstageVolume`.
 //!
 //! Stage: validate -> lock the volume -> already staged? done -> ask the cluster with the
-//! caller's key (authenticates it, reads the fsid and the image's watchers; a single-node-writer
-//! volume open on another node is refused) -> map the image (read-only for a reader-only access
-//! mode; an existing mapping only if of the same cluster) -> write the staging record ->
+//! caller's key (authenticates it, reads the fsid) -> a read-write stage of a single-node volume
+//! takes the image's stage lock in Ceph and is refused unless this node may be its one writer
+//! (published to this node or to none, and no watcher that is not provably this node's:
+//! [`access`]) -> map the image (read-only for a reader-only access mode; an existing mapping
+//! only if of the same cluster) -> record this node as the writer and release the stage lock
+//! -> write the staging record ->
 //! filesystem: mkfs only on a provably blank device (an existing ext4 is checked and grown
 //! offline unless read-only, which completes an ext4 expansion the kernel refused online), mount
 //! at the staging path (read-only: `ro` without journal replay); block: bind the device onto
@@ -26,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use tonic::Status;
 
-use super::access::{self, Watcher};
+use super::access;
 use super::record::{self, BLOCK_DEVICE_FILE, StagingRecord};
 use super::request::{self, Access};
 use super::{NodeService, blocking, crypt};
@@ -52,12 +55,13 @@ pub(super) async fn stage(
         node.config.default_mounter,
         node.config.cluster_config.as_deref(),
     )?;
+    refuse_writable_map_options(read_only, mode, &params.image)?;
     let _guard = node.locks.lock_or_abort(volume_id)?;
 
     let block = access.is_block();
     let (id, path) = (volume_id.to_owned(), staging.clone());
-    let already_staged = blocking(move || already_staged(&path, &id, block, read_only)).await?;
-    if already_staged {
+    let staged = blocking(move || already_staged(&path, &id, block, read_only)).await?;
+    if staged == Staged::Done {
         tracing::debug!(volume_id, staging = %staging.display(), "already staged");
         return Ok(());
     }
@@ -77,13 +81,16 @@ pub(super) async fn stage(
         read_only,
         cluster_fsid: view.fsid.clone(),
     };
-    if request::single_node_writer(mode) {
-        refuse_foreign_watchers(node, &params.image, &view.watchers).await?;
-    }
+    // One writer per single-node volume: decided by node identity under the image's stage
+    // lock, which is held until this node is recorded as the writer after the map
+    // (`access` module doc), so two nodes staging at once decide one after the other.
+    let claim = if request::single_node_writer(mode) && !read_only {
+        Some(claim_writer(node, &params.image, &params.key, view.fsid.as_deref()).await?)
+    } else {
+        None
+    };
     tracing::info!(volume_id, image = %params.image, mounter = %params.mounter, read_only, "mapping image");
-    let mapped = mapper
-        .map_with(&params.image, &params.key, &options)
-        .await?;
+    let mapped = map_claimed(node, mapper.as_ref(), &params, &options, claim).await?;
     let record = StagingRecord {
         volume_id: volume_id.to_owned(),
         image: params.image.clone(),
@@ -134,10 +141,21 @@ pub(super) async fn stage(
     Ok(())
 }
 
-/// Whether the volume is staged at `path` already (record and mount in place); creates the
-/// staging directory otherwise. Another volume, access type or access mode there is
-/// `ALREADY_EXISTS`.
-fn already_staged(path: &Path, id: &str, block: bool, read_only: bool) -> Result<bool, Status> {
+/// What [`already_staged`] found at a staging path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Staged {
+    /// Record and mount in place: nothing to do.
+    Done,
+    /// This node's staging record of the volume, but nothing mounted (a lost mount, a restart
+    /// between map and mount): staged here before, to be completed.
+    RecordOnly,
+    /// Nothing staged here.
+    No,
+}
+
+/// Whether the volume is staged at `path` already; creates the staging directory otherwise.
+/// Another volume, access type or access mode there is `ALREADY_EXISTS`.
+fn already_staged(path: &Path, id: &str, block: bool, read_only: bool) -> Result<Staged, Status> {
     if let Some(existing) =
         record::read(path).map_err(|e| internal("reading staging record", &e))?
     {
@@ -166,11 +184,13 @@ fn already_staged(path: &Path, id: &str, block: bool, read_only: bool) -> Result
             )));
         }
         if staged_target_mounted(path, existing.block)? {
-            return Ok(true);
+            return Ok(Staged::Done);
         }
+        std::fs::create_dir_all(path).map_err(|e| internal("creating staging path", &e))?;
+        return Ok(Staged::RecordOnly);
     }
     std::fs::create_dir_all(path).map_err(|e| internal("creating staging path", &e))?;
-    Ok(false)
+    Ok(Staged::No)
 }
 
 pub(super) fn staged_target_mounted(staging: &Path, block: bool) -> Result<bool, Status> {
@@ -182,36 +202,123 @@ pub(super) fn staged_target_mounted(staging: &Path, block: bool) -> Result<bool,
     mount::is_mount_point(&target).map_err(|e| internal("reading mount table", &e))
 }
 
-/// Refuses to stage a single-node-writer volume that a client other than this node's own has
-/// open (mapped on another node, or opened by some other program): the volume would be written
-/// from two places.
-async fn refuse_foreign_watchers(
-    node: &NodeService,
+/// A read-only stage whose `mapOptions` ask for a writable mapping (`rw`, `read_write`):
+/// `INVALID_ARGUMENT` naming the field.
+fn refuse_writable_map_options(
+    read_only: bool,
+    mode: csi::volume_capability::access_mode::Mode,
     image: &ImageSpec,
-    watchers: &[Watcher],
 ) -> Result<(), Status> {
-    if watchers.is_empty() {
-        return Ok(());
+    match crate::mapper::options::writable_option(image.map_options.as_deref()) {
+        Some(option) if read_only => Err(Status::invalid_argument(format!(
+            "volume_context.mapOptions: option {option:?} maps the image writable, and the \
+             volume is staged read-only (access mode {})",
+            mode.as_str_name()
+        ))),
+        _ => Ok(()),
     }
-    let local = match &node.local_addresses {
-        Some(local) => local.as_ref().clone(),
-        None => {
-            blocking(|| {
-                access::local_addresses().map_err(|e| internal("listing this node's addresses", &e))
-            })
-            .await?
+}
+
+/// Maps the image. With a writer claim: releases it when the map fails, and records this node
+/// as the writer once mapped (unmapping again when that fails).
+async fn map_claimed(
+    node: &NodeService,
+    mapper: &dyn crate::mapper::Mapper,
+    params: &request::StageParams,
+    options: &MapOptions,
+    claim: Option<Box<dyn access::WriterClaim>>,
+) -> Result<crate::mapper::MappedDevice, Status> {
+    let mapped = match mapper.map_with(&params.image, &params.key, options).await {
+        Ok(mapped) => mapped,
+        Err(e) => {
+            if let Some(claim) = claim {
+                claim.release().await;
+            }
+            return Err(e.into());
         }
     };
-    let foreign = access::foreign_watchers(watchers, &local);
-    if foreign.is_empty() {
-        return Ok(());
+    let client = match &claim {
+        Some(claim) => {
+            let known = mapper.client_of(&mapped).await;
+            learn_own_client(node, claim.as_ref(), known, options.cluster_fsid.as_deref()).await
+        }
+        None => None,
+    };
+    let pool_wide = mapper.kind() == crate::mapper::MounterKind::FuseLoop;
+    if let Some(claim) = claim
+        && let Err(status) = claim.commit(client, pool_wide).await
+    {
+        tracing::warn!(image = %params.image, error = %status.message(), "recording the writer failed; unmapping");
+        if let Err(e) = mapper.unmap_with(&mapped, &params.image, options).await {
+            tracing::warn!(image = %params.image, error = %e, "unmap after failed stage failed");
+        }
+        return Err(status);
     }
-    let names: Vec<String> = foreign.iter().map(ToString::to_string).collect();
-    Err(Status::failed_precondition(format!(
-        "image {image} is in use by another client ({}); a single-node volume is staged on one \
-         node at a time",
-        names.join(", ")
-    )))
+    Ok(mapped)
+}
+
+/// Records the mapping's client as this node's own ([`access::OwnClients`]) and returns it:
+/// the client the mapper names (`known`: krbd's sysfs), else the one client the map added
+/// (still under the stage lock). Best effort: a failure only means the client is not known
+/// (not recorded as ours, nor in the writer record).
+async fn learn_own_client(
+    node: &NodeService,
+    claim: &dyn access::WriterClaim,
+    known: Option<u64>,
+    fsid: Option<&str>,
+) -> Option<access::Watcher> {
+    let after = match claim.watchers_now().await {
+        Ok(after) => after,
+        Err(e) => {
+            tracing::debug!(error = %e.message(), "listing watchers after the map failed");
+            return None;
+        }
+    };
+    let (own, fsid_owned) = (node.own_clients.clone(), fsid.map(str::to_owned));
+    let own = blocking(move || Ok(own.of(fsid_owned.as_deref())))
+        .await
+        .unwrap_or_default();
+    let new = match known {
+        Some(id) => after.iter().find(|w| w.id == id).cloned(),
+        None => access::new_watcher(&claim.state().watchers, &after, &own),
+    };
+    if let Some(id) = new.as_ref().map(|w| w.id) {
+        let (own, fsid) = (node.own_clients.clone(), fsid.map(str::to_owned));
+        let recorded = blocking(move || {
+            own.record(fsid.as_deref(), id)
+                .map_err(|e| internal("recording this node's Ceph client", &e))
+        })
+        .await;
+        if let Err(e) = recorded {
+            tracing::warn!(client = id, error = %e.message(), "not recorded as this node's client");
+        }
+    }
+    new
+}
+
+/// Takes the image's stage lock for a read-write single-node stage and decides by node identity
+/// whether this node may write it ([`access::judge_writer`]); refused: `FAILED_PRECONDITION`,
+/// the lock released.
+async fn claim_writer(
+    node: &NodeService,
+    image: &ImageSpec,
+    key: &crate::mapper::Key,
+    fsid: Option<&str>,
+) -> Result<Box<dyn access::WriterClaim>, Status> {
+    let claim = node
+        .cluster
+        .writer_claim(image, key, &node.config.node_id)
+        .await?;
+    let own = node.own_clients.clone();
+    let fsid_owned = fsid.map(str::to_owned);
+    let own = blocking(move || Ok(own.of(fsid_owned.as_deref()))).await?;
+    match access::judge_writer(image, &node.config.node_id, claim.state(), &own) {
+        Ok(()) => Ok(claim),
+        Err(refusal) => {
+            claim.release().await;
+            Err(Status::failed_precondition(refusal))
+        }
+    }
 }
 
 /// Makes the mapped device available at the staging path (read-only: mounted read-only).
@@ -239,6 +346,11 @@ async fn expose(
             if read_only {
                 flags.extend(read_only_mount_options(fs).iter().map(|o| (*o).to_owned()));
             }
+            for option in filesystem_mount_options(fs) {
+                if !flags.iter().any(|f| f == option) {
+                    flags.push((*option).to_owned());
+                }
+            }
             blocking(move || {
                 mount::mount_filesystem(&device, &staging, fs.name(), &flags).map_err(|e| {
                     internal(
@@ -254,6 +366,18 @@ async fn expose(
             })
             .await
         }
+    }
+}
+
+/// Mount options of every stage of the filesystem: xfs `nouuid`. A volume restored from a
+/// snapshot or cloned from another carries its source's filesystem UUID, and xfs refuses (EINVAL)
+/// to mount a filesystem whose UUID is mounted already, so without it a restore or clone does not
+/// mount on a node where its source is mounted (ceph-csi mounts xfs with `nouuid` too).
+#[must_use]
+fn filesystem_mount_options(fs: FsType) -> &'static [&'static str] {
+    match fs {
+        FsType::Ext4 => &[],
+        FsType::Xfs => &["nouuid"],
     }
 }
 

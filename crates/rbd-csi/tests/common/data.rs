@@ -10,6 +10,7 @@ with rbd.Image(io, sys.argv[3]) as img:
         img.write(sys.argv[6].encode(), int(sys.argv[5]))
     else:
         sys.stdout.write(img.read(int(sys.argv[5]), int(sys.argv[6])).decode('latin1'))
+io.close(); c.shutdown()
 ";
 
 fn python_io(image: &str, op: &str, offset: u64, arg: &str) -> String {

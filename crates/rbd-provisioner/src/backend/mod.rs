@@ -2,11 +2,13 @@
 
 pub mod attacher;
 pub mod claim;
+pub mod fencing;
 pub mod image;
 pub mod monitors;
 pub mod params;
 pub mod pv_build;
 pub mod rbd;
+pub mod reclaim;
 pub mod secrets;
 pub mod snapshots;
 pub mod sources;

@@ -190,18 +190,7 @@ impl RbdBackend {
         let location = image_location(volume, &self.config.csi_driver).ok_or_else(|| {
             "the PV has no rbd source and no csi source of our driver".to_string()
         })?;
-        let annotations = volume.metadata.annotations.clone().unwrap_or_default();
-        let (secret, admin_id) = match provisioner::volume::deletion_secret(volume) {
-            Some(secret) => (
-                secret,
-                annotations
-                    .get(ANN_ADMIN_ID)
-                    .cloned()
-                    .unwrap_or_else(|| "admin".into()),
-            ),
-            // a PV made by the old provisioner: its class is the only record of the admin secret
-            None => self.legacy_admin_secret(volume).await?,
-        };
+        let (secret, admin_id) = self.admin_secret_for(volume).await?;
         let monitors = self
             .monitors_of(&location.cluster)
             .map_err(|e| format!("the PV's cluster: {e}"))?;
@@ -212,6 +201,31 @@ impl RbdBackend {
             .await
             .map_err(|e| e.to_string())?;
         Ok((location, monitors, admin_id, key))
+    }
+
+    /// The admin secret (a reference, not its key) and Ceph user of an existing PV: its
+    /// deletion-secret annotations, or for a PV made by the old provisioner its class's.
+    pub(crate) async fn admin_secret_for(
+        &self,
+        volume: &PersistentVolume,
+    ) -> Result<(provisioner::volume::SecretRef, String), String> {
+        let annotations = volume.metadata.annotations.clone().unwrap_or_default();
+        match provisioner::volume::deletion_secret(volume) {
+            Some(secret) => Ok((
+                secret,
+                annotations
+                    .get(ANN_ADMIN_ID)
+                    .cloned()
+                    .unwrap_or_else(|| "admin".into()),
+            )),
+            // a PV made by the old provisioner: its class is the only record of the admin secret
+            None => self.legacy_admin_secret(volume).await,
+        }
+    }
+
+    /// The connection pool (fencing leaves this process's own clients alone).
+    pub(crate) fn connections(&self) -> &ConnectionPool {
+        &self.ceph
     }
 
     /// The KMS of entry `kms_id` (`encryptionKMSID`), from the KMS configuration.

@@ -32,6 +32,17 @@ pub struct Cli {
     /// the RADOS-level paths this driver takes for plain images (see docs/provisioner.md).
     #[arg(long, global = true, env = "RBD_LIBRBD_ONLY", num_args = 0..=1, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub librbd_only: bool,
+    /// krbd maps at most 510 snapshots per image: a source volume with more snapshots than
+    /// this (its snapshot images' temporary snapshots included) gets those images flattened
+    /// and the new snapshot or clone refused, to be retried (ceph-csi's maxsnapshotsonimage;
+    /// at most 500).
+    #[arg(long, global = true, env = "RBD_MAX_SNAPSHOTS_ON_IMAGE", default_value_t = rbd_volume::snapshot_limit::DEFAULT_MAX_SNAPSHOTS_ON_IMAGE)]
+    pub max_snapshots_on_image: u32,
+    /// Past this many snapshots on a source volume, the snapshot images of all but the oldest
+    /// (this number - 1) are flattened before a new snapshot or clone is taken, so their
+    /// temporary snapshots go (ceph-csi's minsnapshotsonimage; at most max-snapshots-on-image).
+    #[arg(long, global = true, env = "RBD_MIN_SNAPSHOTS_ON_IMAGE", default_value_t = rbd_volume::snapshot_limit::DEFAULT_MIN_SNAPSHOTS_ON_IMAGE)]
+    pub min_snapshots_on_image: u32,
 }
 
 #[derive(Subcommand, Debug)]
@@ -160,6 +171,26 @@ pub struct ProvisionerArgs {
     /// false when an external-attacher sidecar serves the driver instead.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
     pub attacher: bool,
+    /// Fence nodes tainted `node.kubernetes.io/out-of-service` (Kubernetes' non-graceful node
+    /// shutdown): blocklist their Ceph clients of our volumes before the volumes move, and
+    /// remove the blocklisting when the taint goes (see docs/fencing.md).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
+    pub fencing: bool,
+    /// How long the blocklist entries of a fence last unless the fence is taken back first
+    /// (default five years, as ceph-csi's NetworkFence).
+    #[arg(long, default_value = "157784760s", value_parser = duration)]
+    pub fence_expiry: Duration,
+    /// Serve csi-addons' NetworkFence objects (csiaddons.openshift.io/v1alpha1) whose
+    /// spec.driver is --csi-driver-name: blocklist their CIDRs (see docs/fencing.md). Without
+    /// the CRD installed the watch looks for it again at most once a minute.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
+    pub network_fence: bool,
+    /// Serve csi-addons' ReclaimSpaceJob objects (csiaddons.openshift.io/v1alpha1) whose claim
+    /// is bound to one of this provisioner's volumes: give its free space back to Ceph (see
+    /// docs/reclaim-space.md). Without the CRD installed the watch looks for it again at most
+    /// once a minute.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
+    pub reclaim_space: bool,
     /// Run leader election on a Lease (required with more than one replica).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
     pub leader_elect: bool,

@@ -120,12 +120,51 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
     );
     let (claims_seen, protection) =
         provisioner::data_source::protection::controller(client.clone(), config_backoff);
+    anyhow::ensure!(
+        args.fence_expiry >= std::time::Duration::from_secs(1),
+        "--fence-expiry: must be at least 1s (blocklist entries expire after it)"
+    );
+    let fencer = crate::backend::fencing::RbdFencer::new(backend.clone(), args.fence_expiry);
+    let fencing = args
+        .fencing
+        .then(|| provisioner::fencing::Fencing::new(client.clone(), fencer.clone(), &identity));
+    let network_fence = args.network_fence.then(|| {
+        provisioner::network_fence::task(
+            client.clone(),
+            fencer.clone(),
+            provisioner::network_fence::NetworkFenceConfig {
+                backoff: config_backoff,
+            },
+        )
+    });
+    let reclaim_space = args.reclaim_space.then(|| {
+        provisioner::reclaim_space::task(
+            client.clone(),
+            crate::backend::reclaim::RbdReclaimer::new(backend.clone()),
+            provisioner::reclaim_space::ReclaimSpaceConfig {
+                backoff: config_backoff,
+                metrics: metrics.clone(),
+                ..Default::default()
+            },
+        )
+    });
+    let node_watch = fencing.clone().map(|fencing| {
+        provisioner::fencing::task(
+            client.clone(),
+            fencing,
+            provisioner::fencing::FencingConfig {
+                backoff: config_backoff,
+                ..Default::default()
+            },
+        )
+    });
     let attacher = args.attacher.then(|| {
         provisioner::attach::task(
             client.clone(),
             backend.clone(),
             provisioner::attach::AttachControllerConfig {
                 backoff: config_backoff,
+                fencing: fencing.clone(),
                 ..Default::default()
             },
         )
@@ -139,6 +178,15 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         .with_companion(protection);
     if let Some(attacher) = attacher {
         controller = controller.with_companion(attacher);
+    }
+    if let Some(node_watch) = node_watch {
+        controller = controller.with_companion(node_watch);
+    }
+    if let Some(network_fence) = network_fence {
+        controller = controller.with_companion(network_fence);
+    }
+    if let Some(reclaim_space) = reclaim_space {
+        controller = controller.with_companion(reclaim_space);
     }
     tracing::info!(provisioner = %args.provisioner_name, identity = %identity, ceph_client = %ceph_rbd::key::client_version(), "starting");
     let result = if args.leader_elect {

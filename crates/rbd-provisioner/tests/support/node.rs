@@ -32,14 +32,16 @@ pub struct NodePlugin {
 
 impl NodePlugin {
     pub fn start(dir: &Path) -> NodePlugin {
+        NodePlugin::start_as(dir, "node-1")
+    }
+
+    /// The node plugin of the node `node_id`, its socket and runtime directory under `dir`.
+    pub fn start_as(dir: &Path, node_id: &str) -> NodePlugin {
+        std::fs::create_dir_all(dir).unwrap();
         let socket = dir.join("csi.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
-            .args([
-                "csi",
-                "--services=node",
-                "--default-mounter=fuse",
-                "--node-id=node-1",
-            ])
+            .args(["csi", "--services=node", "--default-mounter=fuse"])
+            .arg(format!("--node-id={node_id}"))
             .arg(format!("--endpoint=unix://{}", socket.display()))
             .arg(format!("--runtime-dir={}", dir.join("run").display()))
             .stdin(Stdio::null())
@@ -54,6 +56,11 @@ impl NodePlugin {
         }
     }
 
+    /// The plugin's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.join("node.log")).unwrap_or_default()
+    }
+
     pub async fn client(&self) -> NodeClient<Channel> {
         NodeClient::new(unix_channel(&self.socket).await)
     }
@@ -66,11 +73,27 @@ impl NodePlugin {
         pv: &PersistentVolume,
         f: impl FnOnce(&Path) -> T,
     ) -> T {
+        let target = self.mount(client, pv).await.unwrap();
+        let result = f(&target);
+        self.unmount(pv).await;
+        result
+    }
+
+    fn paths(&self) -> (PathBuf, PathBuf) {
+        (self.dir.join("staging"), self.dir.join("pods/p1/volume"))
+    }
+
+    /// Stages and publishes the CSI PV `pv` (fsType ext4, single-node writer) as the kubelet
+    /// does; returns the mounted target directory, or the refusal.
+    pub async fn mount(
+        &self,
+        client: &Client,
+        pv: &PersistentVolume,
+    ) -> Result<PathBuf, tonic::Status> {
         let mut node = self.client().await;
         let csi = pv.spec.as_ref().unwrap().csi.clone().unwrap();
         let secrets = secret_data(client, pv).await;
-        let staging = self.dir.join("staging");
-        let target = self.dir.join("pods/p1/volume");
+        let (staging, target) = self.paths();
         let cap = VolumeCapability {
             access_type: Some(AccessType::Mount(MountVolume {
                 fs_type: csi.fs_type.clone().unwrap_or_else(|| "ext4".into()),
@@ -95,8 +118,7 @@ impl NodePlugin {
             volume_context: context.clone(),
             ..Default::default()
         })
-        .await
-        .unwrap();
+        .await?;
         node.node_publish_volume(NodePublishVolumeRequest {
             volume_id: handle.clone(),
             staging_target_path: staging.display().to_string(),
@@ -105,10 +127,24 @@ impl NodePlugin {
             volume_context: context,
             ..Default::default()
         })
-        .await
-        .unwrap();
+        .await?;
         assert!(mounted(&target), "{} not mounted", target.display());
-        let result = f(&target);
+        Ok(target)
+    }
+
+    /// Unpublishes and unstages what [`Self::mount`] mounted.
+    pub async fn unmount(&self, pv: &PersistentVolume) {
+        let node = self.client().await;
+        let handle = pv
+            .spec
+            .as_ref()
+            .unwrap()
+            .csi
+            .as_ref()
+            .unwrap()
+            .volume_handle
+            .clone();
+        let (staging, target) = self.paths();
         // Retried while busy, as the kubelet retries: a process another test forks at that
         // moment holds a copy of the test's last file descriptor on the mount until its exec.
         let unpublish = NodeUnpublishVolumeRequest {
@@ -130,7 +166,6 @@ impl NodePlugin {
         })
         .await;
         assert!(!mounted(&target) && !mounted(&staging));
-        result
     }
 }
 

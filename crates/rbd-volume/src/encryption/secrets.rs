@@ -28,7 +28,22 @@ pub struct NewSecret<'a> {
 pub trait SecretStore: Send + Sync + std::fmt::Debug {
     /// The data of Secret `namespace/name`; `None` when there is no such Secret.
     async fn get(&self, namespace: &str, name: &str) -> Result<Option<SecretData>, String>;
-    /// Creates the Secret, or replaces the data of one of that name.
+    /// The data and annotations of Secret `namespace/name`; `None` when there is no such
+    /// Secret. The default reads no annotations.
+    async fn get_annotated(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<(SecretData, BTreeMap<String, String>)>, String> {
+        Ok(self
+            .get(namespace, name)
+            .await?
+            .map(|data| (data, BTreeMap::new())))
+    }
+    /// Creates the Secret, or replaces the data of one of that name that belongs to the same
+    /// owner: an existing Secret not labelled with all of `secret.labels`, or whose annotations
+    /// give another value for one of `secret.annotations`, is not replaced (an error naming
+    /// it).
     async fn put(&self, secret: NewSecret<'_>) -> Result<(), String>;
     /// Deletes Secret `namespace/name`; one already gone is fine.
     async fn delete(&self, namespace: &str, name: &str) -> Result<(), String>;

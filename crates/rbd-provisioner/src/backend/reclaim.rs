@@ -1,0 +1,100 @@
+//! [`SpaceReclaimer`] for the RBD backend: which side gives a volume's free space back, and
+//! the controller side itself (the volume core's [`rbd_volume::reclaim_space`]).
+//!
+//! - **Attached to a node, block volume**: nothing is discarded (only the volume's user knows
+//!   which of its blocks are free) and the image, in use, is not sparsified: `Succeeded` with
+//!   0 bytes and a message saying so.
+//! - **Attached to a node, filesystem volume**: the space is the node's to trim (`fstrim`);
+//!   this controller does not ask a node plugin for that, so the job fails saying so.
+//! - **Attached nowhere**: the image is sparsified when no node has it published and no client
+//!   watches it; the bytes reclaimed are its used size before minus after (`rbd du`).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::ResourceExt;
+use provisioner::reclaim_space::{ReclaimRequest, ReclaimSpaceError, Reclaimed, SpaceReclaimer};
+use rbd_volume::ReclaimError;
+
+use crate::backend::RbdBackend;
+use crate::backend::pv_build::image_location;
+
+const TARGET_FIELD: &str = "spec.target.persistentVolumeClaim";
+
+/// [`SpaceReclaimer`] for the RBD backend.
+pub struct RbdReclaimer {
+    backend: Arc<RbdBackend>,
+}
+
+impl RbdReclaimer {
+    /// Reclaims through `backend`'s connections.
+    #[must_use]
+    pub fn new(backend: Arc<RbdBackend>) -> Arc<RbdReclaimer> {
+        Arc::new(RbdReclaimer { backend })
+    }
+}
+
+fn is_block(volume: &PersistentVolume) -> bool {
+    volume.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
+}
+
+#[async_trait]
+impl SpaceReclaimer for RbdReclaimer {
+    fn serves(&self, volume: &PersistentVolume) -> bool {
+        image_location(volume, self.backend.csi_driver()).is_some()
+    }
+
+    async fn reclaim(&self, request: &ReclaimRequest<'_>) -> Result<Reclaimed, ReclaimSpaceError> {
+        let volume = request.volume;
+        if let Some(node) = request.node {
+            if is_block(volume) {
+                return Ok(Reclaimed {
+                    bytes: 0,
+                    message: format!(
+                        "block volume {} is attached to node {node}: nothing discarded on the \
+                         node (a block volume's free space is known only to its user) and the \
+                         image, in use, not sparsified",
+                        volume.name_any()
+                    ),
+                });
+            }
+            return Err(ReclaimSpaceError::invalid(
+                TARGET_FIELD,
+                format!(
+                    "volume {} is attached to node {node}: its filesystem's free space is \
+                     trimmed on that node, which this provisioner does not run; run fstrim on \
+                     the mount, or reclaim once the volume is detached",
+                    volume.name_any()
+                ),
+            ));
+        }
+        let (location, cluster) = self
+            .backend
+            .connect_to_pv(volume)
+            .await
+            .map_err(ReclaimSpaceError::Failed)?;
+        let pool = location.pool_spec();
+        match rbd_volume::reclaim_space(&cluster, &pool, &location.image).await {
+            Ok(reclaimed) => Ok(Reclaimed {
+                bytes: reclaimed.bytes(),
+                message: format!(
+                    "sparsified image {pool}/{}: {} bytes used before, {} after",
+                    location.image, reclaimed.before, reclaimed.after
+                ),
+            }),
+            Err(ReclaimError::Ceph(ceph_rbd::Error::NotFound { .. })) => {
+                Err(ReclaimSpaceError::invalid(
+                    TARGET_FIELD,
+                    format!(
+                        "the image {pool}/{} of volume {} does not exist",
+                        location.image,
+                        volume.name_any()
+                    ),
+                ))
+            }
+            // a node that has just detached may still watch it: retried
+            Err(e) => Err(ReclaimSpaceError::failed(e)),
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! csi-addons' ReclaimSpaceJob, end to end: the emulated API server (with the csi-addons
+//! CRDs), this test binary's micro-ceph and the provisioner binary. A detached volume is
+//! sparsified (its used size drops, its bytes stay); a block volume attached to a node is left
+//! alone and the job says so; bad targets fail with a message naming the field.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::Api;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use support::Harness;
+
+const MIB: u64 = 1 << 20;
+const WAIT: Duration = Duration::from_secs(30);
+const FIELD: &str = "spec.target.persistentVolumeClaim";
+
+fn jobs(h: &Harness) -> Api<DynamicObject> {
+    let resource =
+        kube::api::ApiResource::erase::<provisioner::reclaim_space::ReclaimSpaceJob>(&());
+    Api::namespaced_with(h.client.clone(), "default", &resource)
+}
+
+async fn create_job(h: &Harness, name: &str, claim: &str) {
+    create_job_with(h, name, json!({"target": {"persistentVolumeClaim": claim}})).await;
+}
+
+async fn create_job_with(h: &Harness, name: &str, spec: serde_json::Value) {
+    let object = serde_json::from_value(json!({
+        "apiVersion": "csiaddons.openshift.io/v1alpha1",
+        "kind": "ReclaimSpaceJob",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }))
+    .unwrap();
+    jobs(h)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+}
+
+/// Waits for the job to finish; returns its status.
+async fn wait_done(h: &Harness, name: &str) -> serde_json::Value {
+    h.until(&format!("ReclaimSpaceJob {name} done"), WAIT, || async {
+        let job = jobs(h).get(name).await.ok()?;
+        let status = job.data.get("status")?.clone();
+        status.get("result").is_some().then_some(status)
+    })
+    .await
+}
+
+async fn harness() -> (Harness, support::Process) {
+    let h = Harness::start_on(
+        kube_emulator::Emulator::builder()
+            .csi_addons_crds(true)
+            .build(),
+    )
+    .await;
+    h.create_class("rbd", &h.params(), "Delete").await;
+    let provisioner = h.spawn_default();
+    (h, provisioner)
+}
+
+fn digest(image: &str) -> String {
+    let ceph = micro_ceph::cluster();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::remove_file(file.path()).unwrap();
+    ceph.rbd(&[
+        "export",
+        "--no-progress",
+        &format!("{}/{image}", ceph.pool),
+        file.path().to_str().unwrap(),
+    ])
+    .unwrap();
+    format!("{:x}", Sha256::digest(std::fs::read(file.path()).unwrap()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_volume_is_sparsified_and_reads_back_unchanged() {
+    let (h, provisioner) = harness().await;
+    h.create_claim("data", "rbd", "64Mi", false).await;
+    let (_, pv) = h.wait_bound("data").await;
+    let image = Harness::image_name(&pv);
+    let ceph = micro_ceph::cluster();
+    // 8 MiB of data, and 16 MiB a guest zeroed
+    ceph.fill_image(&ceph.pool, &image, 0, 8 * MIB, 0x6b)
+        .unwrap();
+    ceph.fill_image(&ceph.pool, &image, 32 * MIB, 16 * MIB, 0)
+        .unwrap();
+    let cluster = h.ceph_cluster().await;
+    assert_eq!(
+        cluster.used_bytes(&ceph.pool, &image).await.unwrap(),
+        24 * MIB
+    );
+    let before = digest(&image);
+
+    create_job(&h, "reclaim-data", "data").await;
+    let status = wait_done(&h, "reclaim-data").await;
+
+    assert_eq!(status["result"], "Succeeded", "{status}");
+    assert_eq!(status["reclaimedSpace"], "16Mi", "{status}");
+    assert!(
+        status["message"].as_str().unwrap().contains("sparsified"),
+        "{status}"
+    );
+    assert!(status["startTime"].is_string() && status["completionTime"].is_string());
+    assert_eq!(
+        cluster.used_bytes(&ceph.pool, &image).await.unwrap(),
+        8 * MIB
+    );
+    assert_eq!(digest(&image), before, "every byte reads back unchanged");
+    let event = h.wait_event("data", "ReclaimSpaceSucceeded").await;
+    assert!(event.contains("reclaim-data"), "{event}");
+    assert_no_key(&h, &provisioner, &status).await;
+}
+
+/// The admin key is in no job status, event, claim, PV or log line.
+async fn assert_no_key(h: &Harness, provisioner: &support::Process, status: &serde_json::Value) {
+    let key = &h.ceph.admin_key;
+    assert!(!status.to_string().contains(key.as_str()));
+    h.assert_nowhere(key, &[provisioner.log_text()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_volume_attached_to_a_node_is_left_alone_and_the_job_says_so() {
+    let (h, _provisioner) = harness().await;
+    h.create_claim("raw", "rbd", "16Mi", true).await;
+    let (_, pv) = h.wait_bound("raw").await;
+    let image = Harness::image_name(&pv);
+    let ceph = micro_ceph::cluster();
+    ceph.fill_image(&ceph.pool, &image, 0, 4 * MIB, 0).unwrap();
+    attach(&h, &pv, "node-a").await;
+
+    create_job(&h, "reclaim-raw", "raw").await;
+    let status = wait_done(&h, "reclaim-raw").await;
+
+    assert_eq!(status["result"], "Succeeded", "{status}");
+    assert_eq!(status["reclaimedSpace"], "0", "{status}");
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.contains("node-a") && message.contains("nothing discarded"),
+        "{message}"
+    );
+    let cluster = h.ceph_cluster().await;
+    assert_eq!(
+        cluster.used_bytes(&ceph.pool, &image).await.unwrap(),
+        4 * MIB,
+        "the zeroed object stays: the image is in use"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_still_watched_is_retried_until_its_client_goes() {
+    let (h, _provisioner) = harness().await;
+    h.create_claim("busy", "rbd", "16Mi", false).await;
+    let (_, pv) = h.wait_bound("busy").await;
+    let image = Harness::image_name(&pv);
+    let ceph = micro_ceph::cluster();
+    ceph.fill_image(&ceph.pool, &image, 0, 4 * MIB, 0).unwrap();
+    // a client that still has the image open, as a node that has just detached may
+    let holder = micro_ceph::ImageHolder::open(ceph, &ceph.pool, &image).unwrap();
+
+    create_job_with(
+        &h,
+        "busy",
+        json!({"target": {"persistentVolumeClaim": "busy"}, "backOffLimit": 30}),
+    )
+    .await;
+    let retried = h
+        .until("the job retried twice", WAIT, || async {
+            let job = jobs(&h).get("busy").await.ok()?;
+            let status = job.data.get("status")?.clone();
+            (status["retries"].as_i64()? >= 2).then_some(status)
+        })
+        .await;
+    assert!(retried.get("result").is_none(), "{retried}");
+    let message = retried["message"].as_str().unwrap();
+    assert!(
+        message.contains("in use") && message.contains("watched by"),
+        "{message}"
+    );
+    let cluster = h.ceph_cluster().await;
+    assert_eq!(
+        cluster.used_bytes(&ceph.pool, &image).await.unwrap(),
+        4 * MIB
+    );
+
+    drop(holder);
+    let status = wait_done(&h, "busy").await;
+    assert_eq!(status["result"], "Succeeded", "{status}");
+    assert_eq!(status["reclaimedSpace"], "4Mi", "{status}");
+    assert!(status["retries"].as_i64().unwrap() >= 2, "{status}");
+}
+
+/// A VolumeAttachment of `pv` on `node`, attached (by an attacher that is not ours).
+async fn attach(h: &Harness, pv: &PersistentVolume, node: &str) {
+    let api: Api<VolumeAttachment> = Api::all(h.client.clone());
+    let name = format!("va-{node}");
+    let va = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "attacher": "elsewhere.example.com",
+            "nodeName": node,
+            "source": {"persistentVolumeName": pv.metadata.name},
+        },
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &va).await.unwrap();
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": {"attached": true}})),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_targets_fail_with_a_message_naming_the_field() {
+    let (h, provisioner) = harness().await;
+
+    create_job(&h, "no-claim", "missing").await;
+    let status = wait_done(&h, "no-claim").await;
+    assert_eq!(status["result"], "Failed", "{status}");
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(FIELD) && message.contains("default/missing does not exist"),
+        "{message}"
+    );
+    assert_eq!(status["conditions"][0]["type"], "Failed");
+
+    // a claim bound to a volume of a CSI driver that is not installed
+    let volumes: Api<PersistentVolume> = Api::all(h.client.clone());
+    let foreign = serde_json::from_value(json!({
+        "metadata": {"name": "foreign-pv"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": "other.csi.example.com", "volumeHandle": "vol-1"},
+            "claimRef": {"namespace": "default", "name": "foreign"},
+        },
+    }))
+    .unwrap();
+    volumes
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let claims = h.claims();
+    let claim = serde_json::from_value(json!({
+        "metadata": {"name": "foreign", "namespace": "default"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": "foreign-pv",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    create_job(&h, "foreign", "foreign").await;
+    let status = wait_done(&h, "foreign").await;
+    assert_eq!(status["result"], "Failed", "{status}");
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(FIELD) && message.contains("other.csi.example.com"),
+        "{message}"
+    );
+    let event = h.wait_event("foreign", "ReclaimSpaceFailed").await;
+    assert!(event.contains(FIELD), "{event}");
+
+    // an empty target
+    create_job(&h, "empty", "").await;
+    let status = wait_done(&h, "empty").await;
+    assert_eq!(status["result"], "Failed", "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("must name a PersistentVolumeClaim"),
+        "{status}"
+    );
+    assert_no_key(&h, &provisioner, &status).await;
+}
