@@ -13,11 +13,15 @@
 //!   and every handle is shut down. Whatever it reports, the process should then end with
 //!   `_exit` (no destructors), as a Go program's `os.Exit` does.
 //! * a program that ends without that (returns from `main`, calls `exit`: every test binary)
-//!   still gets the wait: the first connection pool or handle registers an `atexit` handler
-//!   that runs [`shutdown`] with [`AT_EXIT_BOUND`]. It runs before libceph-common's static
-//!   destructors, which were registered when the libraries were loaded; without it, the
-//!   handles dropped last were still being shut down on the reaper thread when those
-//!   destructors ran (SIGABRT or SIGSEGV in Ceph's threads: `tests/exit.rs`).
+//!   still gets the wait: the first `rados_connect` of the process, once it returns,
+//!   registers an `atexit` handler that runs [`shutdown`] with [`AT_EXIT_BOUND`]. Handlers
+//!   run in reverse order of registration, so it runs before libceph-common's static
+//!   destructors (registered when the libraries were loaded) and before OpenSSL's cleanup
+//!   (registered when the first connection initialised it). Registered earlier, OpenSSL's
+//!   cleanup ran first and the messenger threads of the handles dropped last died in it
+//!   (SIGSEGV in `EVP_CipherInit_ex`, every run of a test that dropped connections as it
+//!   ended); without any handler, libceph-common's destructors ran under those threads
+//!   (SIGABRT or SIGSEGV: `tests/exit.rs`).
 
 use std::sync::mpsc;
 use std::sync::{Condvar, Mutex, Once, OnceLock, PoisonError};
@@ -70,12 +74,11 @@ impl Call {
 /// for a running `rados_shutdown`, before going ahead anyway (a call stuck on an unreachable OSD
 /// must not stop every other).
 ///
-/// Why they wait at all: librados can crash a process in its own threads (SIGABRT with
-/// `std::system_error` "Invalid argument" or "Owner died" in an `io_context_pool` thread, or
-/// SIGSEGV) when one cluster handle is shut down while other handles work, as in a test binary
-/// whose tests start and stop servers side by side (RELIABILITY.md, bug 37: `rbd-csi`'s
-/// `controller_snapshots` on a busy machine died in 3 of 16 runs, and in 3 of 84 with this wait;
-/// run one test at a time, none of 16). The wait makes it rarer; it does not remove it.
+/// Why they wait at all: a `rados_shutdown` frees what librados's own threads of that handle
+/// may still touch, and librados can crash a process in those threads (SIGABRT with
+/// `std::system_error` "Invalid argument" or "Owner died" in an `io_context_pool` thread:
+/// RELIABILITY.md, bug 37, open and rare). Shutting a handle down while no call runs keeps
+/// that window as small as we can make it.
 pub const QUIET_BOUND: Duration = Duration::from_secs(10);
 
 /// Runs `close` (a `rados_shutdown`) when no Ceph call runs in the process (or
@@ -114,7 +117,9 @@ pub fn busy_calls() -> usize {
 /// How long the `atexit` handler waits for running calls and closing handles.
 pub const AT_EXIT_BOUND: Duration = Duration::from_secs(10);
 
-/// Registers, once per process, the `atexit` handler that runs [`shutdown`].
+/// Registers, once per process, the `atexit` handler that runs [`shutdown`]; called after a
+/// `rados_connect` returned, so that it runs before the exit handlers Ceph's libraries
+/// registered while connecting (the module's text says why).
 pub(crate) fn shutdown_at_exit() {
     static REGISTERED: Once = Once::new();
     extern "C" fn at_exit() {
@@ -134,7 +139,6 @@ pub(crate) type Closer = Box<dyn FnOnce() + Send>;
 /// Hands `close` (a `rados_shutdown`) to the reaper thread; runs it inline if the thread cannot
 /// be started.
 pub(crate) fn close_later(close: Closer) {
-    shutdown_at_exit();
     static REAPER: OnceLock<Option<Mutex<mpsc::Sender<Closer>>>> = OnceLock::new();
     let reaper = REAPER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<Closer>();
@@ -165,7 +169,6 @@ pub(crate) fn close_later(close: Closer) {
 
 /// Pools to close at shutdown (weakly held: a dropped pool just disappears).
 pub(crate) fn register_pool(pool: std::sync::Weak<crate::pool::Inner>) {
-    shutdown_at_exit();
     let mut pools = pools().lock().unwrap_or_else(PoisonError::into_inner);
     pools.retain(|p| p.strong_count() > 0);
     pools.push(pool);

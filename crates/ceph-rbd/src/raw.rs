@@ -150,7 +150,6 @@ unsafe impl Sync for Rados {}
 impl Rados {
     /// Connects with the monitors, user and key of `cfg`, reading no ceph.conf or keyring.
     pub(crate) fn connect(cfg: &ClusterConfig) -> Result<Rados, Error> {
-        crate::lifecycle::shutdown_at_exit();
         let target = format!("client.{}@{}", cfg.user, cfg.monitors);
         let op = "connect";
         // A malformed key is named before anything is sent: a client that reads aes256k keys
@@ -206,8 +205,30 @@ impl Rados {
                 ));
             }
         }
+        // CEPH_ARGS, as the ceph and rbd commands read it (`--name=value` or `--name value`):
+        // for a client log while debugging (`--log_file=... --debug_rbd=20`). Set as the
+        // settings above are, after them, so that it may override them.
+        if let Some(args) = std::env::var_os("CEPH_ARGS") {
+            for (name, value) in ceph_args(&args.to_string_lossy()) {
+                let c_name = cstring(&name, op, &rados.target)?;
+                let c_value = cstring(&value, op, &rados.target)?;
+                // SAFETY: valid handle and NUL-terminated strings that outlive the call.
+                let rc =
+                    unsafe { ffi::rados_conf_set(rados.handle, c_name.as_ptr(), c_value.as_ptr()) };
+                if rc < 0 {
+                    // the name only: a value may be a key
+                    return Err(Error::invalid(
+                        op,
+                        &rados.target,
+                        format!("CEPH_ARGS: setting {name} was refused (errno {})", -rc),
+                    ));
+                }
+            }
+        }
         // SAFETY: configured handle; blocks until connected or client_mount_timeout.
         let rc = unsafe { ffi::rados_connect(rados.handle) };
+        // only now: OpenSSL registered its own exit cleanup while this connected
+        crate::lifecycle::shutdown_at_exit();
         if rc == -libc::EINVAL {
             // librados parses the key only now and says no more than EINVAL: say why
             if let Some(reason) = crate::key::refusal_reason(cfg.key.expose()) {
@@ -1932,6 +1953,27 @@ impl Image<'_> {
     }
 }
 
+/// The `--name=value` and `--name value` pairs of a CEPH_ARGS value (`--name` alone: `true`);
+/// words that are no option are skipped.
+fn ceph_args(args: &str) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    let mut words = args.split_whitespace().peekable();
+    while let Some(word) = words.next() {
+        let Some(option) = word.strip_prefix("--") else {
+            continue;
+        };
+        let (name, value) = match option.split_once('=') {
+            Some((name, value)) => (name, value.to_owned()),
+            None => match words.next_if(|next| !next.starts_with("--")) {
+                Some(value) => (option, value.to_owned()),
+                None => (option, "true".to_owned()),
+            },
+        };
+        pairs.push((name.replace('-', "_"), value));
+    }
+    pairs
+}
+
 /// What a watch's callbacks need: the ioctx and the object's name, to acknowledge.
 struct WatchCtx {
     io: ffi::rados_ioctx_t,
@@ -2067,6 +2109,20 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ceph_args_are_name_value_pairs() {
+        assert_eq!(
+            ceph_args(" --log_file=/tmp/x.log --debug-rbd 20 stray --log_to_stderr --a=b=c"),
+            [
+                ("log_file".to_owned(), "/tmp/x.log".to_owned()),
+                ("debug_rbd".to_owned(), "20".to_owned()),
+                ("log_to_stderr".to_owned(), "true".to_owned()),
+                ("a".to_owned(), "b=c".to_owned()),
+            ]
+        );
+        assert!(ceph_args("").is_empty());
+    }
 
     #[test]
     fn metadata_pairs_keep_empty_values_in_place() {

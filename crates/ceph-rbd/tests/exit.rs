@@ -3,7 +3,10 @@
 //! down on the reaper thread, and `exit` runs libceph-common's static destructors. Each child
 //! below is this test binary run again: it opens four connections to the parent's micro cluster,
 //! works on an image through each, drops them and returns at once. Without the `atexit` wait
-//! (`ceph_rbd::AT_EXIT_BOUND`), 3 of 12 children died (SIGABRT or SIGSEGV).
+//! (`ceph_rbd::AT_EXIT_BOUND`), 3 of 12 children died (SIGABRT or SIGSEGV). A second kind of
+//! child opens and drops connections without pause until it returns: with the wait registered
+//! before OpenSSL's own exit cleanup (so run after it), every such child died (SIGSEGV in the
+//! messenger's `EVP_CipherInit_ex`).
 
 mod common;
 
@@ -13,6 +16,8 @@ use std::process::{Command, Stdio};
 use ceph_rbd::{ClusterConfig, ConnectionPool, CreateOptions, PoolOptions, Secret};
 
 const CHILD: &str = "CEPH_RBD_EXIT_CHILD";
+const CHURN_CHILD: &str = "CEPH_RBD_EXIT_CHURN_CHILD";
+const CHURN_RUNS: usize = 3;
 const RUNS: usize = 12;
 const CONNECTIONS: usize = 4;
 
@@ -54,9 +59,41 @@ async fn child_works_on_an_image_and_returns() {
     // the connection is dropped here; the process returns right after
 }
 
+/// Not a test of its own: the work of one churning child (does nothing unless the parent
+/// started it): six tasks open a connection, list the pool's images and drop it, over and
+/// over, for four seconds; the process returns while the last ones are being shut down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_churns_connections_and_returns() {
+    let Ok(spec) = std::env::var(CHURN_CHILD) else {
+        return;
+    };
+    let Some((monitors, pool)) = spec.split_once(' ') else {
+        panic!("{CHURN_CHILD}: {spec}");
+    };
+    let key = std::io::read_to_string(std::io::stdin()).expect("the key on stdin");
+    let config = ClusterConfig::new(monitors, "admin", Secret::new(key.trim().to_string()));
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let (config, pool) = (config.clone(), pool.to_owned());
+        tasks.push(tokio::spawn(async move {
+            while std::time::Instant::now() < end {
+                let cluster = ConnectionPool::new(PoolOptions::default())
+                    .get(&config)
+                    .await
+                    .unwrap();
+                cluster.list_images(&pool).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
 #[test]
 fn a_program_that_used_librbd_and_returns_exits_with_its_status() {
-    if std::env::var_os(CHILD).is_some() {
+    if std::env::var_os(CHILD).is_some() || std::env::var_os(CHURN_CHILD).is_some() {
         return;
     }
     let ceph = micro_ceph::cluster();
@@ -89,6 +126,46 @@ fn a_program_that_used_librbd_and_returns_exits_with_its_status() {
     assert!(
         failures.is_empty(),
         "{} of {RUNS} children did not exit cleanly:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn a_program_that_drops_connections_as_it_returns_exits_with_its_status() {
+    if std::env::var_os(CHILD).is_some() || std::env::var_os(CHURN_CHILD).is_some() {
+        return;
+    }
+    let ceph = micro_ceph::cluster();
+    let exe = std::env::current_exe().unwrap();
+    let mut failures = Vec::new();
+    for run in 0..CHURN_RUNS {
+        let mut child = Command::new(&exe)
+            .args([
+                "--exact",
+                "child_churns_connections_and_returns",
+                "--test-threads=1",
+            ])
+            .env(CHURN_CHILD, format!("{} {}", ceph.monitors, ceph.pool))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(ceph.admin_key.as_bytes()).unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() || stderr.contains("fatal signal") || !stdout.contains("1 passed")
+        {
+            failures.push(format!("run {run}: {}\n{stdout}\n{stderr}", out.status));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {CHURN_RUNS} churning children did not exit cleanly:\n{}",
         failures.len(),
         failures.join("\n")
     );
