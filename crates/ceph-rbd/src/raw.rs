@@ -190,8 +190,22 @@ impl Rados {
             ("log_file", String::new()),
             ("log_to_stderr", "false".into()),
         ];
-        for (name, value) in settings {
-            let c_name = cstring(name, op, &rados.target)?;
+        // CEPH_ARGS, as the ceph and rbd commands read it (`--name=value` or `--name value`):
+        // for a client log while debugging (`--log_file=... --debug_rbd=20`). Set after the
+        // settings above, so that it may override them.
+        let from_env = std::env::var_os("CEPH_ARGS")
+            .map(|args| ceph_args(&args.to_string_lossy()))
+            .unwrap_or_default();
+        let settings = settings
+            .into_iter()
+            .map(|(name, value)| ("", name.to_owned(), value))
+            .chain(
+                from_env
+                    .into_iter()
+                    .map(|(name, value)| ("CEPH_ARGS: ", name, value)),
+            );
+        for (origin, name, value) in settings {
+            let c_name = cstring(&name, op, &rados.target)?;
             let c_value = cstring(&value, op, &rados.target)?;
             // SAFETY: valid handle and NUL-terminated strings that outlive the call.
             let rc =
@@ -201,28 +215,8 @@ impl Rados {
                 return Err(Error::invalid(
                     op,
                     &rados.target,
-                    format!("setting {name} was refused (errno {})", -rc),
+                    format!("{origin}setting {name} was refused (errno {})", -rc),
                 ));
-            }
-        }
-        // CEPH_ARGS, as the ceph and rbd commands read it (`--name=value` or `--name value`):
-        // for a client log while debugging (`--log_file=... --debug_rbd=20`). Set as the
-        // settings above are, after them, so that it may override them.
-        if let Some(args) = std::env::var_os("CEPH_ARGS") {
-            for (name, value) in ceph_args(&args.to_string_lossy()) {
-                let c_name = cstring(&name, op, &rados.target)?;
-                let c_value = cstring(&value, op, &rados.target)?;
-                // SAFETY: valid handle and NUL-terminated strings that outlive the call.
-                let rc =
-                    unsafe { ffi::rados_conf_set(rados.handle, c_name.as_ptr(), c_value.as_ptr()) };
-                if rc < 0 {
-                    // the name only: a value may be a key
-                    return Err(Error::invalid(
-                        op,
-                        &rados.target,
-                        format!("CEPH_ARGS: setting {name} was refused (errno {})", -rc),
-                    ));
-                }
             }
         }
         // SAFETY: configured handle; blocks until connected or client_mount_timeout.
