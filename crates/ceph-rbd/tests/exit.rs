@@ -91,38 +91,48 @@ async fn child_churns_connections_and_returns() {
     }
 }
 
+/// Runs this binary's test `test` alone as a child, with `var` set to `value` and the admin key
+/// on its stdin: `None` when it exited cleanly (its one test passed, no fatal signal), else
+/// what it printed.
+fn run_child(test: &str, var: &str, value: String) -> Option<String> {
+    let ceph = micro_ceph::cluster();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads=1"])
+        .env(var, value)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the key through a pipe: never in argv, the environment or a file
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(ceph.admin_key.as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let clean =
+        out.status.success() && !stderr.contains("fatal signal") && stdout.contains("1 passed");
+    (!clean).then(|| format!("{}\n{stdout}\n{stderr}", out.status))
+}
+
 #[test]
 fn a_program_that_used_librbd_and_returns_exits_with_its_status() {
     if std::env::var_os(CHILD).is_some() || std::env::var_os(CHURN_CHILD).is_some() {
         return;
     }
     let ceph = micro_ceph::cluster();
-    let exe = std::env::current_exe().unwrap();
-    let mut failures = Vec::new();
-    for run in 0..RUNS {
-        let image = common::unique("exit");
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
+    let failures: Vec<String> = (0..RUNS)
+        .filter_map(|run| {
+            let image = common::unique("exit");
+            run_child(
                 "child_works_on_an_image_and_returns",
-                "--test-threads=1",
-            ])
-            .env(CHILD, format!("{} {} {image}", ceph.monitors, ceph.pool))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // the key through a pipe: never in argv, the environment or a file
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(ceph.admin_key.as_bytes()).unwrap();
-        drop(stdin);
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if !out.status.success() || stderr.contains("fatal signal") {
-            failures.push(format!("run {run}: {}\n{stderr}", out.status));
-        }
-    }
+                CHILD,
+                format!("{} {} {image}", ceph.monitors, ceph.pool),
+            )
+            .map(|failure| format!("run {run}: {failure}"))
+        })
+        .collect();
     assert!(
         failures.is_empty(),
         "{} of {RUNS} children did not exit cleanly:\n{}",
@@ -137,32 +147,16 @@ fn a_program_that_drops_connections_as_it_returns_exits_with_its_status() {
         return;
     }
     let ceph = micro_ceph::cluster();
-    let exe = std::env::current_exe().unwrap();
-    let mut failures = Vec::new();
-    for run in 0..CHURN_RUNS {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
+    let failures: Vec<String> = (0..CHURN_RUNS)
+        .filter_map(|run| {
+            run_child(
                 "child_churns_connections_and_returns",
-                "--test-threads=1",
-            ])
-            .env(CHURN_CHILD, format!("{} {}", ceph.monitors, ceph.pool))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(ceph.admin_key.as_bytes()).unwrap();
-        drop(stdin);
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() || stderr.contains("fatal signal") || !stdout.contains("1 passed")
-        {
-            failures.push(format!("run {run}: {}\n{stdout}\n{stderr}", out.status));
-        }
-    }
+                CHURN_CHILD,
+                format!("{} {}", ceph.monitors, ceph.pool),
+            )
+            .map(|failure| format!("run {run}: {failure}"))
+        })
+        .collect();
     assert!(
         failures.is_empty(),
         "{} of {CHURN_RUNS} churning children did not exit cleanly:\n{}",
