@@ -700,8 +700,16 @@ pub const NETWORK_FENCE_CRD: &str =
 pub const RECLAIM_SPACE_JOB_CRD: &str =
     include_str!("../../../deploy/csi-addons-crds/reclaimspacejobs.yaml");
 
+/// The csi-addons `ReclaimSpaceCronJob` CRD of `deploy/csi-addons-crds/`, as YAML.
+pub const RECLAIM_SPACE_CRON_JOB_CRD: &str =
+    include_str!("../../../deploy/csi-addons-crds/reclaimspacecronjobs.yaml");
+
 /// Every csi-addons CRD of `deploy/csi-addons-crds/`, as YAML.
-pub const CSI_ADDONS_CRDS: [&str; 2] = [NETWORK_FENCE_CRD, RECLAIM_SPACE_JOB_CRD];
+pub const CSI_ADDONS_CRDS: [&str; 3] = [
+    NETWORK_FENCE_CRD,
+    RECLAIM_SPACE_JOB_CRD,
+    RECLAIM_SPACE_CRON_JOB_CRD,
+];
 
 /// Stores a CRD (YAML) as a create through the API would; an existing one is kept. Must run
 /// inside a tokio runtime (it starts the CRD finalizer task).

@@ -35,7 +35,10 @@ mod util;
 mod vac;
 mod validation;
 
-pub use crd::{CSI_ADDONS_CRDS, NETWORK_FENCE_CRD, RECLAIM_SPACE_JOB_CRD, SNAPSHOT_CRDS};
+pub use crd::{
+    CSI_ADDONS_CRDS, NETWORK_FENCE_CRD, RECLAIM_SPACE_CRON_JOB_CRD, RECLAIM_SPACE_JOB_CRD,
+    SNAPSHOT_CRDS,
+};
 pub use emulator::{DEFAULT_WATCH_HISTORY, Emulator, EmulatorBuilder, RequestRecord};
 pub use faults::Faults;
 pub use server::ServerHandle;

@@ -44,4 +44,4 @@ pub mod volume;
 pub use config::{CsiConfig, DEFAULT_DRIVER_NAME, ProbeCluster, Services};
 pub use mapper::MounterKind;
 pub use registration::RegistrationConfig;
-pub use server::{CsiError, serve};
+pub use server::{CsiError, serve, serve_with_node};

@@ -170,6 +170,30 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CsiError> {
     config.validate().map_err(CsiError::Config)?;
+    let node = config
+        .services
+        .node()
+        .then(|| NodeService::new(config.node_config()));
+    serve_with_node(config, node, shutdown).await
+}
+
+/// [`serve`] with the caller's node service (`Some` when `config.services` includes the node
+/// service), so that the caller can share it, e.g. with a task that reclaims space on this
+/// node under the same per-volume locks.
+///
+/// # Errors
+/// As [`serve`]; [`CsiError::Config`] when `node` does not match `config.services`.
+pub async fn serve_with_node(
+    config: CsiConfig,
+    node: Option<NodeService>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CsiError> {
+    config.validate().map_err(CsiError::Config)?;
+    if node.is_some() != config.services.node() {
+        return Err(CsiError::Config(
+            "a node service is given exactly when the node service is served".into(),
+        ));
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -180,10 +204,7 @@ pub async fn serve(
     };
 
     let identity = IdentityServer::new(identity_service(&config));
-    let node = config
-        .services
-        .node()
-        .then(|| NodeServer::new(NodeService::new(config.node_config())));
+    let node = node.map(NodeServer::new);
     let (controller, group_controller) = config
         .services
         .controller()

@@ -1,8 +1,13 @@
 //! csi-addons' ReclaimSpaceJob, end to end: the emulated API server (with the csi-addons
 //! CRDs), this test binary's micro-ceph and the provisioner binary. A detached volume is
-//! sparsified (its used size drops, its bytes stay); a block volume attached to a node is left
-//! alone and the job says so; bad targets fail with a message naming the field.
+//! sparsified (its used size drops, its bytes stay); a filesystem volume attached to a node is
+//! trimmed there by the node plugin of the same binary (fuse mapper: the trim's limit on that
+//! path is pinned), and a node whose plugin does not answer fails the job naming it; a block
+//! volume attached to a node is left alone and the job says so; bad targets fail with a
+//! message naming the field.
 
+#[path = "support/node.rs"]
+mod node;
 mod support;
 
 use std::time::Duration;
@@ -194,6 +199,138 @@ async fn a_volume_still_watched_is_retried_until_its_client_goes() {
     assert_eq!(status["result"], "Succeeded", "{status}");
     assert_eq!(status["reclaimedSpace"], "4Mi", "{status}");
     assert!(status["retries"].as_i64().unwrap() >= 2, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filesystem_volume_attached_to_a_node_is_trimmed_there_by_its_node_plugin() {
+    let (h, provisioner) = harness().await;
+    install_csi_driver(&h).await;
+    h.create_claim("fs", "rbd", "128Mi", false).await;
+    let (_, pv) = h.wait_bound("fs").await;
+    let image = Harness::image_name(&pv);
+    let ceph = micro_ceph::cluster();
+    attach(&h, &pv, "node-a").await;
+    let plugin =
+        node::NodePlugin::start_in_cluster(&h.dir.path().join("node-a"), "node-a", &h.kubeconfig);
+    let target = plugin
+        .mount(&h.client, &pv)
+        .await
+        .unwrap_or_else(|e| panic!("stage on node-a: {e:?}\n{}", plugin.log_text()));
+    let kept: Vec<u8> = (0..MIB).map(|i| u8::try_from(i % 251).unwrap()).collect();
+    std::fs::write(target.join("kept.bin"), &kept).unwrap();
+    let big = vec![0x5a_u8; usize::try_from(64 * MIB).unwrap()];
+    std::fs::write(target.join("big.bin"), &big).unwrap();
+    syncfs(&target);
+    std::fs::remove_file(target.join("big.bin")).unwrap();
+    syncfs(&target);
+    let cluster = h.ceph_cluster().await;
+    let before = cluster.used_bytes(&ceph.pool, &image).await.unwrap();
+    assert!(before >= 64 * MIB, "64 MiB written: {before}");
+
+    create_job(&h, "trim-fs", "fs").await;
+    let status = wait_done(&h, "trim-fs").await;
+
+    assert_eq!(
+        status["result"],
+        "Succeeded",
+        "{status}\n{}",
+        plugin.log_text()
+    );
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.contains("node node-a") && message.contains("discarded"),
+        "{message}"
+    );
+    // the fuse mapper's limit: rbd-fuse passes no discards to RADOS, and the job says so
+    assert!(message.contains("rbd-fuse"), "{message}");
+    assert_eq!(status["reclaimedSpace"], "0", "{status}");
+    let job = jobs(&h).get("trim-fs").await.unwrap();
+    let answer: serde_json::Value = serde_json::from_str(
+        &job.metadata.annotations.unwrap()["rbd.provisioner.ceph.io/node-reclaim-result"],
+    )
+    .unwrap();
+    assert_eq!(answer["node"], "node-a", "{answer}");
+    assert!(
+        answer["discarded"].as_u64().unwrap() >= 64 * MIB,
+        "the freed 64 MiB were discarded on the node: {answer}"
+    );
+    assert_eq!(std::fs::read(target.join("kept.bin")).unwrap(), kept);
+    let event = h.wait_event("fs", "ReclaimSpaceSucceeded").await;
+    assert!(event.contains("node-a"), "{event}");
+    plugin.unmount(&pv).await;
+    h.assert_nowhere(
+        &h.ceph.admin_key,
+        &[provisioner.log_text(), plugin.log_text()],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_does_not_answer_fails_the_job_at_its_timeout_naming_the_node() {
+    let (h, _provisioner) = harness().await;
+    install_csi_driver(&h).await;
+    h.create_claim("away", "rbd", "16Mi", false).await;
+    let (_, pv) = h.wait_bound("away").await;
+    // attached to a node where no plugin answers
+    attach(&h, &pv, "node-gone").await;
+
+    create_job_with(
+        &h,
+        "away",
+        json!({"target": {"persistentVolumeClaim": "away"}, "timeout": 60, "backOffLimit": 0}),
+    )
+    .await;
+    let status = h
+        .until(
+            "ReclaimSpaceJob away done",
+            Duration::from_secs(120),
+            || async {
+                let job = jobs(&h).get("away").await.ok()?;
+                let status = job.data.get("status")?.clone();
+                status.get("result").is_some().then_some(status)
+            },
+        )
+        .await;
+
+    assert_eq!(status["result"], "Failed", "{status}");
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.contains("node node-gone did not answer within spec.timeout (60 s)"),
+        "{message}"
+    );
+    let job = jobs(&h).get("away").await.unwrap();
+    let request: serde_json::Value = serde_json::from_str(
+        &job.metadata.annotations.unwrap()["rbd.provisioner.ceph.io/node-reclaim-request"],
+    )
+    .unwrap();
+    assert_eq!(request["node"], "node-gone", "{request}");
+    assert_eq!(
+        request["volumeHandle"],
+        pv.spec.unwrap().csi.unwrap().volume_handle,
+        "{request}"
+    );
+}
+
+/// The CSIDriver object of the provisioner's CSI driver: its claims get CSI volumes.
+async fn install_csi_driver(h: &Harness) {
+    let drivers: Api<k8s_openapi::api::storage::v1::CSIDriver> = Api::all(h.client.clone());
+    let driver = serde_json::from_value(json!({
+        "metadata": {"name": "rbd.provisioner.ceph.io"},
+        "spec": {"attachRequired": false, "volumeLifecycleModes": ["Persistent"]},
+    }))
+    .unwrap();
+    drivers
+        .create(&PostParams::default(), &driver)
+        .await
+        .unwrap();
+}
+
+/// `syncfs` on the filesystem of `path`.
+fn syncfs(path: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(path).unwrap();
+    // SAFETY: syncfs on an open fd.
+    assert_eq!(unsafe { libc::syncfs(dir.as_raw_fd()) }, 0);
 }
 
 /// A VolumeAttachment of `pv` on `node`, attached (by an attacher that is not ours).

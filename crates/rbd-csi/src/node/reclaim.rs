@@ -17,9 +17,17 @@
 //! size stays as it was ([`NodeReclaimed::Trimmed::reaches_rados`] is `false`).
 //!
 //! The call takes the volume's lock like the other node calls (`ABORTED` while one runs).
+//!
+//! **Finding the staging path** from a volume ID alone ([`find_staging`], for a request that
+//! comes from the controller rather than the kubelet): where the kubelet stages CSI volumes,
+//! `<kubelet dir>/plugins/kubernetes.io/csi/<driver>/<sha256 of the volume handle>/globalmount`
+//! (Kubernetes 1.24 and later), else any staging record of that volume under the driver's
+//! directory or the older `.../csi/pv/<PV name>/globalmount` layout.
 
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
 
 use tonic::Status;
 
@@ -126,6 +134,91 @@ impl NodeService {
     }
 }
 
+/// Where a kubelet of Kubernetes 1.24 or later stages the CSI volume `volume_id` of `driver`.
+#[must_use]
+pub fn kubelet_staging_path(kubelet_dir: &Path, driver: &str, volume_id: &str) -> PathBuf {
+    let digest = Sha256::digest(volume_id.as_bytes());
+    let hex: String = digest.iter().fold(String::new(), |mut hex, b| {
+        use std::fmt::Write;
+        let _ = write!(hex, "{b:02x}");
+        hex
+    });
+    kubelet_dir
+        .join("plugins/kubernetes.io/csi")
+        .join(driver)
+        .join(hex)
+        .join("globalmount")
+}
+
+/// The path `volume_id` is staged at on this node: the kubelet's path for it when its record
+/// names the volume, else the first staging record of that volume under the driver's directory
+/// or the older per-PV layout (see the module doc); `None` when it is staged nowhere here.
+///
+/// # Errors
+/// A record that cannot be read.
+pub fn find_staging(
+    kubelet_dir: &Path,
+    driver: &str,
+    volume_id: &str,
+) -> std::io::Result<Option<PathBuf>> {
+    let holds = |path: &Path| -> std::io::Result<bool> {
+        Ok(record::read(path)?.is_some_and(|r| r.volume_id == volume_id))
+    };
+    let expected = kubelet_staging_path(kubelet_dir, driver, volume_id);
+    if holds(&expected)? {
+        return Ok(Some(expected));
+    }
+    let csi = kubelet_dir.join("plugins/kubernetes.io/csi");
+    for parent in [csi.join(driver), csi.join("pv")] {
+        let entries = match std::fs::read_dir(&parent) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let staging = entry?.path().join("globalmount");
+            // a record another process is replacing is skipped, not an error
+            if holds(&staging).unwrap_or(false) {
+                return Ok(Some(staging));
+            }
+        }
+    }
+    Ok(None)
+}
+
+impl NodeService {
+    /// Reclaims the space of `volume_id` wherever the kubelet staged it on this node
+    /// ([`find_staging`], [`NodeService::reclaim_space`]).
+    ///
+    /// # Errors
+    /// `NOT_FOUND` when it is staged nowhere here; as [`NodeService::reclaim_space`].
+    pub async fn reclaim_staged_volume(
+        &self,
+        kubelet_dir: &Path,
+        driver: &str,
+        volume_id: &str,
+    ) -> Result<NodeReclaimed, Status> {
+        require(volume_id, "volume_id")?;
+        let (dir, drv, id) = (
+            kubelet_dir.to_path_buf(),
+            driver.to_owned(),
+            volume_id.to_owned(),
+        );
+        let staging = blocking(move || {
+            find_staging(&dir, &drv, &id)
+                .map_err(|e| internal("looking for the volume's staging path", &e))
+        })
+        .await?
+        .ok_or_else(|| {
+            Status::not_found(format!(
+                "volume {volume_id} is not staged on this node (no staging record under {})",
+                kubelet_dir.join("plugins/kubernetes.io/csi").display()
+            ))
+        })?;
+        self.reclaim_space(volume_id, &staging).await
+    }
+}
+
 fn reclaim_staged(volume_id: &str, staging: &Path) -> Result<NodeReclaimed, Status> {
     let staged: StagingRecord = record::read(staging)
         .map_err(|e| internal("reading staging record", &e))?
@@ -154,4 +247,21 @@ fn reclaim_staged(volume_id: &str, staging: &Path) -> Result<NodeReclaimed, Stat
         bytes,
         reaches_rados: staged.mapped.mounter != MounterKind::FuseLoop,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kubelet_s_staging_path_is_the_sha256_of_the_handle() {
+        // sha256("abc")
+        assert_eq!(
+            kubelet_staging_path(Path::new("/var/lib/kubelet"), "rbd.csi.ceph.com", "abc"),
+            Path::new(
+                "/var/lib/kubelet/plugins/kubernetes.io/csi/rbd.csi.ceph.com/\
+                 ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad/globalmount"
+            )
+        );
+    }
 }

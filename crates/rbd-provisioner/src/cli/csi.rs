@@ -91,8 +91,19 @@ pub struct CsiArgs {
     /// Give it to the controller too.
     #[arg(long, env = "TOPOLOGY_LABELS", default_value = "")]
     pub topology_labels: String,
-    /// Kubernetes API access: to read this node's labels for --topology-labels, and the Secrets
-    /// of KMS entries that keep or wrap volume keys with Secrets.
+    /// The kubelet's root directory, where it stages volumes
+    /// (`plugins/kubernetes.io/csi/<driver>/...`): the node service looks there for the staging
+    /// path of a volume whose space a ReclaimSpaceJob asks this node to reclaim.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+    /// Node service: answer the ReclaimSpaceJobs that ask this node to trim a volume staged here
+    /// (csi-addons' `csiaddons.openshift.io/v1alpha1`; the controller asks; docs/reclaim-space.md).
+    /// Needs Kubernetes API access; without the CRD installed the watch looks for it again at
+    /// most once a minute.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
+    pub reclaim_space: bool,
+    /// Kubernetes API access: to read this node's labels for --topology-labels, the Secrets
+    /// of KMS entries that keep or wrap volume keys with Secrets, and ReclaimSpaceJobs.
     #[command(flatten)]
     pub kube: KubeArgs,
 }
@@ -144,15 +155,41 @@ fn daemon_cgroups(args: &CsiArgs) -> anyhow::Result<Vec<PathBuf>> {
 /// Kubernetes Secrets for the KMS entries that keep or wrap keys with Secrets; without
 /// Kubernetes API access (a plugin run outside a cluster with no kubeconfig) such entries are
 /// refused when used, naming the entry, and everything else works.
-async fn kms_secrets(
-    args: &CsiArgs,
+fn kms_secrets(
+    client: Option<&kube::Client>,
 ) -> Option<Arc<dyn rbd_volume::encryption::secrets::SecretStore>> {
-    match crate::cli::kube_client::client(&args.kube).await {
-        Ok(client) => Some(Arc::new(rbd_csi::kube_secrets::KubeSecrets::new(client))),
-        Err(e) => {
-            tracing::info!(error = %e, "no Kubernetes API access: KMS entries that use Secrets are refused");
-            None
-        }
+    client.map(|client| {
+        Arc::new(rbd_csi::kube_secrets::KubeSecrets::new(client.clone()))
+            as Arc<dyn rbd_volume::encryption::secrets::SecretStore>
+    })
+}
+
+/// The node side of ReclaimSpaceJobs: trims the volume where the kubelet staged it here.
+struct NodeTrim {
+    node: rbd_csi::node::NodeService,
+    kubelet_dir: PathBuf,
+    driver: String,
+}
+
+#[async_trait::async_trait]
+impl provisioner::reclaim_space::NodeSpaceReclaimer for NodeTrim {
+    async fn reclaim(
+        &self,
+        volume_handle: &str,
+    ) -> Result<provisioner::reclaim_space::NodeAnswer, String> {
+        use rbd_csi::node::reclaim::NodeReclaimed;
+        let done = self
+            .node
+            .reclaim_staged_volume(&self.kubelet_dir, &self.driver, volume_handle)
+            .await
+            .map_err(|status| status.message().to_owned())?;
+        Ok(provisioner::reclaim_space::NodeAnswer {
+            message: done.describe(),
+            discarded: match done {
+                NodeReclaimed::Trimmed { bytes, .. } => Some(bytes),
+                NodeReclaimed::BlockVolume | NodeReclaimed::ReadOnly => None,
+            },
+        })
     }
 }
 
@@ -184,7 +221,14 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         topology
     };
     let daemon_cgroups = daemon_cgroups(&args)?;
-    let secrets = kms_secrets(&args).await;
+    let kube = match crate::cli::kube_client::client(&args.kube).await {
+        Ok(client) => Some(client),
+        Err(e) => {
+            tracing::info!(error = %e, "no Kubernetes API access: KMS entries that use Secrets are refused, ReclaimSpaceJobs are not answered on this node");
+            None
+        }
+    };
+    let secrets = kms_secrets(kube.as_ref());
     let endpoint = PathBuf::from(
         args.endpoint
             .strip_prefix("unix://")
@@ -214,7 +258,32 @@ pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
         secrets,
     };
     tracing::info!(endpoint = %config.endpoint.display(), driver = %config.driver_name, services = ?config.services, ceph_client = %ceph_rbd::key::client_version(), "starting CSI driver");
-    rbd_csi::serve(config, crate::cli::run::shutdown_signal()).await?;
+    config.validate().map_err(anyhow::Error::msg)?;
+    let node = config
+        .services
+        .node()
+        .then(|| rbd_csi::node::NodeService::new(config.node_config()));
+    let agent = match (&node, kube, args.reclaim_space) {
+        (Some(service), Some(client), true) => {
+            let trim = Arc::new(NodeTrim {
+                node: service.clone(),
+                kubelet_dir: args.kubelet_dir.clone(),
+                driver: config.driver_name.clone(),
+            });
+            Some(tokio::spawn(provisioner::reclaim_space::node::agent(
+                client,
+                config.driver_name.clone(),
+                config.node_id.clone(),
+                trim,
+            )))
+        }
+        _ => None,
+    };
+    let served = rbd_csi::serve_with_node(config, node, crate::cli::run::shutdown_signal()).await;
+    if let Some(agent) = agent {
+        agent.abort();
+    }
+    served?;
     Ok(())
 }
 

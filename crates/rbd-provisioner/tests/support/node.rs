@@ -28,6 +28,9 @@ pub struct NodePlugin {
     child: Child,
     socket: PathBuf,
     dir: PathBuf,
+    /// Set by [`NodePlugin::start_in_cluster`]: volumes are staged where a kubelet with this
+    /// root directory stages them.
+    kubelet_dir: Option<PathBuf>,
 }
 
 impl NodePlugin {
@@ -37,10 +40,36 @@ impl NodePlugin {
 
     /// The node plugin of the node `node_id`, its socket and runtime directory under `dir`.
     pub fn start_as(dir: &Path, node_id: &str) -> NodePlugin {
+        NodePlugin::start_args(dir, node_id, &["--reclaim-space=false"], None)
+    }
+
+    /// The node plugin of `node_id` with Kubernetes API access through `kubeconfig` (so it
+    /// answers ReclaimSpaceJobs' requests for its node); it stages volumes where a kubelet
+    /// rooted at `<dir>/kubelet` would (`--kubelet-dir`).
+    pub fn start_in_cluster(dir: &Path, node_id: &str, kubeconfig: &Path) -> NodePlugin {
+        let kubelet = dir.join("kubelet");
+        NodePlugin::start_args(
+            dir,
+            node_id,
+            &[
+                &format!("--kubeconfig={}", kubeconfig.display()),
+                &format!("--kubelet-dir={}", kubelet.display()),
+            ],
+            Some(kubelet.clone()),
+        )
+    }
+
+    fn start_args(
+        dir: &Path,
+        node_id: &str,
+        args: &[&str],
+        kubelet_dir: Option<PathBuf>,
+    ) -> NodePlugin {
         std::fs::create_dir_all(dir).unwrap();
         let socket = dir.join("csi.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
             .args(["csi", "--services=node", "--default-mounter=fuse"])
+            .args(args)
             .arg(format!("--node-id={node_id}"))
             .arg(format!("--endpoint=unix://{}", socket.display()))
             .arg(format!("--runtime-dir={}", dir.join("run").display()))
@@ -53,6 +82,7 @@ impl NodePlugin {
             child,
             socket,
             dir: dir.to_path_buf(),
+            kubelet_dir,
         }
     }
 
@@ -79,8 +109,17 @@ impl NodePlugin {
         result
     }
 
-    fn paths(&self) -> (PathBuf, PathBuf) {
-        (self.dir.join("staging"), self.dir.join("pods/p1/volume"))
+    /// The staging path and the publish target of the volume `handle`.
+    pub fn paths(&self, handle: &str) -> (PathBuf, PathBuf) {
+        let staging = match &self.kubelet_dir {
+            Some(kubelet) => rbd_csi::node::reclaim::kubelet_staging_path(
+                kubelet,
+                rbd_csi::DEFAULT_DRIVER_NAME,
+                handle,
+            ),
+            None => self.dir.join("staging"),
+        };
+        (staging, self.dir.join("pods/p1/volume"))
     }
 
     /// Stages and publishes the CSI PV `pv` (fsType ext4, single-node writer) as the kubelet
@@ -93,7 +132,6 @@ impl NodePlugin {
         let mut node = self.client().await;
         let csi = pv.spec.as_ref().unwrap().csi.clone().unwrap();
         let secrets = secret_data(client, pv).await;
-        let (staging, target) = self.paths();
         let cap = VolumeCapability {
             access_type: Some(AccessType::Mount(MountVolume {
                 fs_type: csi.fs_type.clone().unwrap_or_else(|| "ext4".into()),
@@ -110,6 +148,7 @@ impl NodePlugin {
             .into_iter()
             .collect();
         let handle = csi.volume_handle.clone();
+        let (staging, target) = self.paths(&handle);
         node.node_stage_volume(NodeStageVolumeRequest {
             volume_id: handle.clone(),
             staging_target_path: staging.display().to_string(),
@@ -144,7 +183,7 @@ impl NodePlugin {
             .unwrap()
             .volume_handle
             .clone();
-        let (staging, target) = self.paths();
+        let (staging, target) = self.paths(&handle);
         // Retried while busy, as the kubelet retries: a process another test forks at that
         // moment holds a copy of the test's last file descriptor on the mount until its exec.
         let unpublish = NodeUnpublishVolumeRequest {

@@ -11,7 +11,8 @@
 //!    controller serves it), else the job fails naming the field.
 //! 3. The node the volume is attached to (a VolumeAttachment of the PV with `status.attached`)
 //!    is looked up: the backend decides from it which side reclaims (the node that has the
-//!    volume staged, or the storage directly).
+//!    volume staged, or the storage directly). The node side is handed to the node plugin
+//!    through annotations on the job ([`node`]).
 //! 4. [`SpaceReclaimer::reclaim`] runs, bounded by `spec.timeout` (seconds; default
 //!    [`DEFAULT_TIMEOUT`]).
 //! 5. `status.result` `Succeeded` with `reclaimedSpace` (bytes, as a quantity), `message`,
@@ -44,6 +45,13 @@ use crate::events::{EventRecorder, EventType};
 use crate::network_fence::GROUP;
 use crate::queue::{Backoff, WorkQueue};
 use crate::volume::BoxError;
+
+pub mod cron;
+pub mod cronjob;
+pub mod node;
+pub mod schedule;
+
+pub use node::{NodeAnswer, NodeHandOff, NodeSpaceReclaimer};
 
 /// How long a reclaim may take when `spec.timeout` does not say.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_mins(3);
@@ -146,7 +154,7 @@ impl kube::Resource for ReclaimSpaceJob {
 }
 
 /// What a backend is asked to reclaim.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct ReclaimRequest<'a> {
     /// The target claim.
     pub claim: &'a PersistentVolumeClaim,
@@ -154,6 +162,8 @@ pub struct ReclaimRequest<'a> {
     pub volume: &'a PersistentVolume,
     /// The node the volume is attached to, if any.
     pub node: Option<&'a str>,
+    /// Hands the node's part to the node plugin of [`ReclaimRequest::node`].
+    pub on_node: &'a dyn NodeHandOff,
 }
 
 /// What a reclaim did.
@@ -202,6 +212,9 @@ pub trait SpaceReclaimer: Send + Sync {
     /// Whether `volume` is one of this backend's.
     fn serves(&self, volume: &PersistentVolume) -> bool;
 
+    /// The CSI driver name the node plugins answer under ([`node::request_annotation`]).
+    fn driver_name(&self) -> &str;
+
     /// Reclaims the space of `request.volume` (deciding from `request.node` where).
     async fn reclaim(&self, request: &ReclaimRequest<'_>) -> Result<Reclaimed, ReclaimSpaceError>;
 }
@@ -227,13 +240,22 @@ impl Default for ReclaimSpaceConfig {
     }
 }
 
-/// The controller as a task for [`crate::Controller::with_companion`].
+/// The controllers as a task for [`crate::Controller::with_companion`]: ReclaimSpaceJobs
+/// ([`run`]), ReclaimSpaceCronJobs ([`cronjob::run`]) and the schedule annotations
+/// ([`schedule::run`]).
 pub fn task(
     client: Client,
     backend: Arc<dyn SpaceReclaimer>,
     config: ReclaimSpaceConfig,
 ) -> crate::Companion {
-    Box::pin(async move { run(client, backend, config).await })
+    Box::pin(async move {
+        let component = config.component.clone();
+        tokio::join!(
+            run(client.clone(), Arc::clone(&backend), config),
+            cronjob::run(client.clone(), component.clone()),
+            schedule::run(client, backend, component),
+        );
+    })
 }
 
 /// What one sync ended with.
@@ -555,17 +577,30 @@ async fn attempt(context: &Context, job: &ReclaimSpaceJob, namespace: &str) -> A
         }
     };
     let timeout = timeout_of(&job.spec);
+    let hand_off = node::JobHandOff::new(
+        Api::namespaced(context.client.clone(), namespace),
+        &job.name_any(),
+        context.backend.driver_name(),
+    );
     let request = ReclaimRequest {
         claim: &claim,
         volume: &volume,
         node: node.as_deref(),
+        on_node: &hand_off,
     };
     let result = match tokio::time::timeout(timeout, context.backend.reclaim(&request)).await {
         Ok(result) => result,
-        Err(_) => Err(ReclaimSpaceError::failed(format!(
-            "the reclaim did not finish within spec.timeout ({} s)",
-            timeout.as_secs()
-        ))),
+        Err(_) => Err(ReclaimSpaceError::failed(match hand_off.waiting_on() {
+            Some(node) => format!(
+                "node {node} did not answer within spec.timeout ({} s): is the node plugin \
+                 running there, with access to the Kubernetes API?",
+                timeout.as_secs()
+            ),
+            None => format!(
+                "the reclaim did not finish within spec.timeout ({} s)",
+                timeout.as_secs()
+            ),
+        })),
     };
     Attempt::Done(Some(Box::new(claim)), volume_name, result)
 }
