@@ -240,9 +240,9 @@ impl Default for ReclaimSpaceConfig {
     }
 }
 
-/// The controllers as a task for [`crate::Controller::with_companion`]: ReclaimSpaceJobs
-/// ([`run`]), ReclaimSpaceCronJobs ([`cronjob::run`]) and the schedule annotations
-/// ([`schedule::run`]).
+/// The controllers of ReclaimSpaceJobs ([`run`]) and ReclaimSpaceCronJobs ([`cronjob::run`])
+/// as a task for [`crate::Controller::with_companion`]; the schedule annotations are
+/// [`schedule::controller`]'s.
 pub fn task(
     client: Client,
     backend: Arc<dyn SpaceReclaimer>,
@@ -251,9 +251,8 @@ pub fn task(
     Box::pin(async move {
         let component = config.component.clone();
         tokio::join!(
-            run(client.clone(), Arc::clone(&backend), config),
-            cronjob::run(client.clone(), component.clone()),
-            schedule::run(client, backend, component),
+            run(client.clone(), backend, config),
+            cronjob::run(client, component),
         );
     })
 }

@@ -16,7 +16,8 @@
 //! Unlike csi-addons, the schedule found is not copied onto the claim: a schedule set on a
 //! namespace or a StorageClass stays that object's to change or remove.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 use futures::StreamExt;
@@ -47,17 +48,112 @@ pub const ANN_STATE: &str = "csiaddons.openshift.io/state";
 /// [`ANN_STATE`]'s value for a managed cron job.
 pub const STATE_MANAGED: &str = "managed";
 
+type Key = (String, String);
+
+/// What the schedule of a claim depends on, kept per claim (claims come from the provisioning
+/// controller's own watch: a claim observer, so the process watches claims once).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ClaimFacts {
+    uid: String,
+    class: Option<String>,
+    volume: Option<String>,
+    bound: bool,
+    schedule: Option<String>,
+    cron_job: Option<String>,
+}
+
+impl ClaimFacts {
+    fn of(claim: &PersistentVolumeClaim) -> ClaimFacts {
+        let spec = claim.spec.as_ref();
+        ClaimFacts {
+            uid: claim.uid().unwrap_or_default(),
+            class: spec
+                .and_then(|s| s.storage_class_name.clone())
+                .filter(|c| !c.is_empty()),
+            volume: spec
+                .and_then(|s| s.volume_name.clone())
+                .filter(|v| !v.is_empty()),
+            bound: claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"),
+            schedule: claim.annotations().get(ANN_SCHEDULE).cloned(),
+            cron_job: claim.annotations().get(ANN_CRONJOB).cloned(),
+        }
+    }
+
+    /// A claim object with just enough to refer to it (events, owner references).
+    fn object(&self, namespace: &str, name: &str) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                uid: Some(self.uid.clone()),
+                ..ObjectMeta::default()
+            },
+            ..PersistentVolumeClaim::default()
+        }
+    }
+}
+
+type Claims = Arc<Mutex<HashMap<Key, ClaimFacts>>>;
+
 struct Context {
     client: Client,
     backend: Arc<dyn SpaceReclaimer>,
     recorder: EventRecorder,
-    claims: Store<PersistentVolumeClaim>,
-    volumes: Store<PersistentVolume>,
+    claims: Claims,
     namespaces: Store<Namespace>,
     classes: Store<StorageClass>,
 }
 
-type Key = (String, String);
+/// The controller: the observer to give [`crate::Controller::with_claim_observer`] and the task
+/// for [`crate::Controller::with_companion`] (see the module doc).
+#[must_use]
+pub fn controller(
+    client: Client,
+    backend: Arc<dyn SpaceReclaimer>,
+    component: String,
+) -> (crate::ClaimObserver, crate::Companion) {
+    let queue: WorkQueue<Key> = WorkQueue::new(Backoff::default());
+    let claims: Claims = Arc::default();
+    let observer: crate::ClaimObserver = {
+        let (queue, claims) = (queue.clone(), Arc::clone(&claims));
+        Arc::new(move |claim: &PersistentVolumeClaim| claim_seen(&queue, &claims, claim))
+    };
+    (
+        observer,
+        Box::pin(run(client, backend, component, queue, claims)),
+    )
+}
+
+/// A claim was listed, changed or went: kept, and queued when what its schedule depends on
+/// changed.
+fn claim_seen(queue: &WorkQueue<Key>, claims: &Claims, claim: &PersistentVolumeClaim) {
+    let key = (claim.namespace().unwrap_or_default(), claim.name_any());
+    let Ok(mut claims) = claims.lock() else {
+        return;
+    };
+    if claim.metadata.deletion_timestamp.is_some() {
+        claims.remove(&key);
+        return;
+    }
+    let facts = ClaimFacts::of(claim);
+    if claims.get(&key) != Some(&facts) {
+        claims.insert(key.clone(), facts);
+        queue.add(key);
+    }
+}
+
+/// The claims (keys) for which `matches` holds.
+fn claims_where(claims: &Claims, matches: impl Fn(&Key, &ClaimFacts) -> bool) -> Vec<Key> {
+    claims
+        .lock()
+        .map(|c| {
+            c.iter()
+                .filter(|(k, f)| matches(k, f))
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 /// The watch of every `K`, kept in `writer`'s store; the objects applied.
 fn watched<K>(
@@ -79,71 +175,48 @@ where
         .applied_objects()
 }
 
-/// Runs until dropped (see the module doc).
-pub async fn run(client: Client, backend: Arc<dyn SpaceReclaimer>, component: String) {
-    let queue: Arc<WorkQueue<Key>> = Arc::new(WorkQueue::new(Backoff::default()));
-    let (claims, claims_w) = reflector::store();
-    let (volumes, volumes_w) = reflector::store();
+async fn run(
+    client: Client,
+    backend: Arc<dyn SpaceReclaimer>,
+    component: String,
+    queue: WorkQueue<Key>,
+    claims: Claims,
+) {
     let (namespaces, namespaces_w) = reflector::store();
     let (classes, classes_w) = reflector::store();
     let context = Arc::new(Context {
         client: client.clone(),
         backend,
         recorder: EventRecorder::new(client.clone(), &component, &component),
-        claims: claims.clone(),
-        volumes,
+        claims: Arc::clone(&claims),
         namespaces,
         classes,
     });
     tracing::info!("watching the reclaim-space schedules of claims, namespaces and StorageClasses");
-
-    let claim_events = watched(&client, claims_w).for_each(|claim| {
-        if let Ok(claim) = claim {
-            queue.add((claim.namespace().unwrap_or_default(), claim.name_any()));
-        }
-        async {}
-    });
-    let volume_events = watched(&client, volumes_w).for_each(|volume| {
-        if let Ok(volume) = volume
-            && let Some(r) = volume.spec.as_ref().and_then(|s| s.claim_ref.as_ref())
-        {
-            queue.add((
-                r.namespace.clone().unwrap_or_default(),
-                r.name.clone().unwrap_or_default(),
-            ));
-        }
-        async {}
-    });
-    let namespace_events = watched(&client, namespaces_w).for_each(|namespace| {
+    // a namespace or class whose annotation changed: its claims are looked at again (a deleted
+    // one is not seen, which leaves its claims' cron jobs until they change, as in csi-addons)
+    let namespace_events = watched::<Namespace>(&client, namespaces_w).for_each(|namespace| {
         if let Ok(namespace) = namespace {
             let name = namespace.name_any();
-            for claim in claims.state() {
-                if claim.namespace().as_deref() == Some(name.as_str()) {
-                    queue.add((name.clone(), claim.name_any()));
-                }
+            for key in claims_where(&claims, |k, _| k.0 == name) {
+                queue.add(key);
             }
         }
         async {}
     });
-    let class_events = watched(&client, classes_w).for_each(|class| {
+    let class_events = watched::<StorageClass>(&client, classes_w).for_each(|class| {
         if let Ok(class) = class {
             let name = class.name_any();
-            for claim in claims.state() {
-                if class_of(&claim) == Some(name.as_str()) {
-                    queue.add((claim.namespace().unwrap_or_default(), claim.name_any()));
-                }
+            for key in claims_where(&claims, |_, f| f.class.as_deref() == Some(name.as_str())) {
+                queue.add(key);
             }
         }
         async {}
     });
-    // a class or namespace whose annotation was removed is seen as an update; a deleted one is
-    // not seen at all, which leaves its claims' cron jobs until their claims change (as csi-addons)
     let worker = {
-        let (queue, context) = (Arc::clone(&queue), Arc::clone(&context));
+        let (queue, context) = (queue.clone(), Arc::clone(&context));
         async move {
             // the stores first: a decision on a half-listed cache could delete a cron job
-            let _ = context.claims.wait_until_ready().await;
-            let _ = context.volumes.wait_until_ready().await;
             let _ = context.namespaces.wait_until_ready().await;
             let _ = context.classes.wait_until_ready().await;
             while let Some(key) = queue.get().await {
@@ -159,32 +232,23 @@ pub async fn run(client: Client, backend: Arc<dyn SpaceReclaimer>, component: St
         }
     };
     tokio::select! {
-        () = async { tokio::join!(claim_events, volume_events, namespace_events, class_events); } => {}
+        () = async { tokio::join!(namespace_events, class_events); } => {}
         () = worker => {}
     }
     queue.shut_down();
 }
 
-fn class_of(claim: &PersistentVolumeClaim) -> Option<&str> {
-    claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.storage_class_name.as_deref())
-        .filter(|c| !c.is_empty())
-}
-
-/// The schedule that applies to `claim` and where it was set.
-fn schedule_of(context: &Context, claim: &PersistentVolumeClaim) -> Option<(String, String)> {
-    if let Some(s) = claim.annotations().get(ANN_SCHEDULE) {
-        return Some((s.clone(), format!("claim {}", claim.name_any())));
+/// The schedule that applies to a claim and where it was set.
+fn schedule_of(context: &Context, namespace: &str, facts: &ClaimFacts) -> Option<(String, String)> {
+    if let Some(s) = &facts.schedule {
+        return Some((s.clone(), "the claim".to_owned()));
     }
-    let namespace = claim.namespace().unwrap_or_default();
-    if let Some(ns) = context.namespaces.get(&ObjectRef::new(&namespace))
+    if let Some(ns) = context.namespaces.get(&ObjectRef::new(namespace))
         && let Some(s) = ns.annotations().get(ANN_SCHEDULE)
     {
         return Some((s.clone(), format!("namespace {namespace}")));
     }
-    let class = class_of(claim)?;
+    let class = facts.class.as_deref()?;
     let sc = context.classes.get(&ObjectRef::new(class))?;
     sc.annotations()
         .get(ANN_SCHEDULE)
@@ -192,43 +256,53 @@ fn schedule_of(context: &Context, claim: &PersistentVolumeClaim) -> Option<(Stri
 }
 
 async fn sync(context: &Context, namespace: &str, name: &str) -> Result<(), String> {
-    let Some(claim) = context.claims.get(&ObjectRef::new(name).within(namespace)) else {
+    let key = (namespace.to_owned(), name.to_owned());
+    let Some(facts) = context
+        .claims
+        .lock()
+        .ok()
+        .and_then(|c| c.get(&key).cloned())
+    else {
         return Ok(());
     };
-    if claim.metadata.deletion_timestamp.is_some() {
+    let schedule = schedule_of(context, namespace, &facts);
+    if !facts.bound || (schedule.is_none() && facts.cron_job.is_none()) {
         return Ok(());
     }
-    let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-    let ours = claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.volume_name.as_deref())
-        .and_then(|v| context.volumes.get(&ObjectRef::new(v)))
+    // only now is the volume read: most claims have no schedule
+    let Some(volume) = &facts.volume else {
+        return Ok(());
+    };
+    let volumes: Api<PersistentVolume> = Api::all(context.client.clone());
+    let ours = volumes
+        .get_opt(volume)
+        .await
+        .map_err(|e| format!("reading PersistentVolume {volume}: {e}"))?
         .is_some_and(|v| context.backend.serves(&v));
-    if !(bound && ours) {
+    if !ours {
         return Ok(());
     }
-    let recorded = claim.annotations().get(ANN_CRONJOB).cloned();
     let cron_jobs: Api<ReclaimSpaceCronJob> = Api::namespaced(context.client.clone(), namespace);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(context.client.clone(), namespace);
+    let claim = facts.object(namespace, name);
 
-    let Some((text, source)) = schedule_of(context, &claim) else {
-        if let Some(cron_job) = recorded {
-            remove(&cron_jobs, &claims, name, &cron_job).await?;
+    let Some((text, source)) = schedule else {
+        if let Some(cron_job) = &facts.cron_job {
+            remove(&cron_jobs, &claims, name, cron_job).await?;
         }
         return Ok(());
     };
     if let Err(problem) = Schedule::parse(&text) {
         context.recorder.publish(
-            &*claim,
+            &claim,
             EventType::Warning,
             "ReclaimSpaceScheduleInvalid",
             &format!("{ANN_SCHEDULE} on {source}: {problem}"),
         );
         return Ok(());
     }
-    let cron_job_name = if let Some(recorded) = recorded {
-        recorded
+    let cron_job_name = if let Some(recorded) = &facts.cron_job {
+        recorded.clone()
     } else {
         let cron_job_name = cron_job_name(name, Utc::now().timestamp());
         let patch = json!({"metadata": {"annotations": {ANN_CRONJOB: cron_job_name}}});

@@ -138,14 +138,20 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
         )
     });
     let reclaim_space = args.reclaim_space.then(|| {
-        provisioner::reclaim_space::task(
+        let reclaimer = crate::backend::reclaim::RbdReclaimer::new(backend.clone());
+        let config = provisioner::reclaim_space::ReclaimSpaceConfig {
+            backoff: config_backoff,
+            metrics: metrics.clone(),
+            ..Default::default()
+        };
+        let schedules = provisioner::reclaim_space::schedule::controller(
             client.clone(),
-            crate::backend::reclaim::RbdReclaimer::new(backend.clone()),
-            provisioner::reclaim_space::ReclaimSpaceConfig {
-                backoff: config_backoff,
-                metrics: metrics.clone(),
-                ..Default::default()
-            },
+            reclaimer.clone(),
+            config.component.clone(),
+        );
+        (
+            provisioner::reclaim_space::task(client.clone(), reclaimer, config),
+            schedules,
         )
     });
     let node_watch = fencing.clone().map(|fencing| {
@@ -185,8 +191,11 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
     if let Some(network_fence) = network_fence {
         controller = controller.with_companion(network_fence);
     }
-    if let Some(reclaim_space) = reclaim_space {
-        controller = controller.with_companion(reclaim_space);
+    if let Some((reclaim_space, (claims_seen, schedules))) = reclaim_space {
+        controller = controller
+            .with_companion(reclaim_space)
+            .with_claim_observer(claims_seen)
+            .with_companion(schedules);
     }
     tracing::info!(provisioner = %args.provisioner_name, identity = %identity, ceph_client = %ceph_rbd::key::client_version(), "starting");
     let result = if args.leader_elect {
