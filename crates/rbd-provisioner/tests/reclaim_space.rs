@@ -4,7 +4,9 @@
 //! trimmed there by the node plugin of the same binary (fuse mapper: the trim's limit on that
 //! path is pinned), and a node whose plugin does not answer fails the job naming it; a block
 //! volume attached to a node is left alone and the job says so; bad targets fail with a
-//! message naming the field.
+//! message naming the field. A schedule annotation on a StorageClass gives each of its claims a
+//! ReclaimSpaceCronJob whose jobs run on the schedule; a claim's own schedule wins, a bad one is
+//! reported on the claim, and removing the class's schedule deletes the cron jobs.
 
 #[path = "support/node.rs"]
 mod node;
@@ -309,6 +311,155 @@ async fn a_node_that_does_not_answer_fails_the_job_at_its_timeout_naming_the_nod
         pv.spec.unwrap().csi.unwrap().volume_handle,
         "{request}"
     );
+}
+
+const SCHEDULE: &str = "reclaimspace.csiaddons.openshift.io/schedule";
+const CRONJOB: &str = "reclaimspace.csiaddons.openshift.io/cronjob";
+
+fn cron_jobs(h: &Harness) -> Api<DynamicObject> {
+    let resource = kube::api::ApiResource::erase::<
+        provisioner::reclaim_space::cronjob::ReclaimSpaceCronJob,
+    >(&());
+    Api::namespaced_with(h.client.clone(), "default", &resource)
+}
+
+/// The name of the cron job recorded on `claim`, once there is one.
+async fn recorded_cron_job(h: &Harness, claim: &str) -> String {
+    h.until(&format!("a cron job recorded on {claim}"), WAIT, || async {
+        let claim = h.claims().get(claim).await.ok()?;
+        claim.metadata.annotations?.get(CRONJOB).cloned()
+    })
+    .await
+}
+
+async fn annotate_class(h: &Harness, class: &str, schedule: Option<&str>) {
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(h.client.clone());
+    let patch = json!({"metadata": {"annotations": {SCHEDULE: schedule}}});
+    classes
+        .patch(class, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_on_a_storage_class_runs_jobs_for_its_claims_until_it_is_removed() {
+    let (h, provisioner) = harness().await;
+    let claims = h.claims();
+    h.create_claim("one", "rbd", "16Mi", false).await;
+    h.create_claim("two", "rbd", "16Mi", false).await;
+    h.create_claim("own", "rbd", "16Mi", false).await;
+    h.create_claim("bad", "rbd", "16Mi", false).await;
+    for (claim, schedule) in [("own", "@every 1h"), ("bad", "every day")] {
+        let patch = json!({"metadata": {"annotations": {SCHEDULE: schedule}}});
+        claims
+            .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    for claim in ["one", "two", "own", "bad"] {
+        h.wait_bound(claim).await;
+    }
+    annotate_class(&h, "rbd", Some("@every 2s")).await;
+
+    // each claim of the class: a managed cron job with the class's schedule, owned by the claim
+    for claim in ["one", "two"] {
+        let name = recorded_cron_job(&h, claim).await;
+        let cron_job = cron_jobs(&h).get(&name).await.unwrap();
+        assert_eq!(cron_job.data["spec"]["schedule"], "@every 2s");
+        assert_eq!(
+            cron_job.data["spec"]["jobTemplate"]["spec"]["target"]["persistentVolumeClaim"],
+            claim
+        );
+        let owner = &cron_job.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("PersistentVolumeClaim", claim)
+        );
+        // its jobs run on the schedule and succeed (the volume is attached nowhere: sparsified)
+        let done = h
+            .until(
+                &format!("a scheduled job of {claim} succeeded"),
+                WAIT,
+                || async {
+                    jobs(&h)
+                        .list(&Default::default())
+                        .await
+                        .ok()?
+                        .items
+                        .into_iter()
+                        .find(|j| {
+                            j.metadata
+                                .owner_references
+                                .as_ref()
+                                .is_some_and(|o| o[0].name == name)
+                                && j.data["status"]["result"] == "Succeeded"
+                        })
+                },
+            )
+            .await;
+        assert_eq!(done.data["spec"]["target"]["persistentVolumeClaim"], claim);
+        assert!(
+            done.metadata.annotations.as_ref().unwrap()["csiaddons.openshift.io/scheduled-at"]
+                .ends_with('Z'),
+            "{:?}",
+            done.metadata.annotations
+        );
+        let status = h
+            .until("the cron job's status", WAIT, || async {
+                let c = cron_jobs(&h).get(&name).await.ok()?;
+                c.data["status"]["lastSuccessfulTime"]
+                    .is_string()
+                    .then_some(c.data["status"].clone())
+            })
+            .await;
+        assert!(status["lastScheduleTime"].is_string(), "{status}");
+    }
+    // the claim's own schedule wins over the class's
+    let own = recorded_cron_job(&h, "own").await;
+    assert_eq!(
+        cron_jobs(&h).get(&own).await.unwrap().data["spec"]["schedule"],
+        "@every 1h"
+    );
+    // a schedule that does not parse: reported on the claim, nothing made
+    let event = h.wait_event("bad", "ReclaimSpaceScheduleInvalid").await;
+    assert!(
+        event.contains(SCHEDULE) && event.contains("the claim") && event.contains("every day"),
+        "{event}"
+    );
+    let bad = claims.get("bad").await.unwrap();
+    assert!(
+        !bad.metadata.annotations.unwrap().contains_key(CRONJOB),
+        "no cron job for a bad schedule"
+    );
+
+    // the class's schedule removed: its claims' cron jobs are deleted and their records go;
+    // the claim with its own schedule keeps its cron job
+    let one = recorded_cron_job(&h, "one").await;
+    annotate_class(&h, "rbd", None).await;
+    h.until("the class's cron jobs deleted", WAIT, || async {
+        let names: Vec<String> = cron_jobs(&h)
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .map(|c| c.metadata.name.unwrap_or_default())
+            .collect();
+        (names == [own.clone()]).then_some(())
+    })
+    .await;
+    assert!(
+        !claims
+            .get("one")
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(CRONJOB),
+        "the record of {one} is removed"
+    );
+    assert_no_key(&h, &provisioner, &json!({})).await;
 }
 
 /// The CSIDriver object of the provisioner's CSI driver: its claims get CSI volumes.
