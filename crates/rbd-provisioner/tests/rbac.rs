@@ -103,6 +103,69 @@ async fn reclaim_space(h: &Harness, claim: &str) {
     .await;
 }
 
+/// A schedule on `claim`: its cron job made, run (its jobs made, run, the oldest deleted beyond
+/// the history limit, its status written), then deleted with the schedule.
+async fn reclaim_on_a_schedule(h: &Harness, claim: &str) {
+    const SCHEDULE: &str = "reclaimspace.csiaddons.openshift.io/schedule";
+    let resource =
+        kube::api::ApiResource::erase::<provisioner::reclaim_space::ReclaimSpaceJob>(&());
+    let jobs: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(h.client.clone(), "default", &resource);
+    let set = |schedule: Option<&str>| json!({"metadata": {"annotations": {SCHEDULE: schedule}}});
+    h.claims()
+        .patch(
+            claim,
+            &PatchParams::default(),
+            &Patch::Merge(&set(Some("@every 1s"))),
+        )
+        .await
+        .unwrap();
+    // more successes than the history keeps (3): the first job is deleted
+    let first = h
+        .until(
+            "a first scheduled job",
+            std::time::Duration::from_secs(30),
+            || async {
+                let list = jobs.list(&Default::default()).await.ok()?;
+                list.items
+                    .into_iter()
+                    .filter(|j| j.metadata.owner_references.is_some())
+                    .filter_map(|j| j.metadata.name)
+                    .min()
+            },
+        )
+        .await;
+    h.until(
+        "the first scheduled job deleted beyond the history limit",
+        std::time::Duration::from_secs(60),
+        || async { jobs.get_opt(&first).await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    h.claims()
+        .patch(claim, &PatchParams::default(), &Patch::Merge(&set(None)))
+        .await
+        .unwrap();
+    let resource = kube::api::ApiResource::erase::<
+        provisioner::reclaim_space::cronjob::ReclaimSpaceCronJob,
+    >(&());
+    let cron_jobs: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(h.client.clone(), "default", &resource);
+    h.until(
+        "the cron job deleted with its schedule",
+        std::time::Duration::from_secs(30),
+        || async {
+            cron_jobs
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deploy_rbac_covers_every_request_of_a_full_run() {
     let h = Harness::start_on(
@@ -151,6 +214,7 @@ async fn deploy_rbac_covers_every_request_of_a_full_run() {
     // a ReclaimSpaceJob: its claim, PV and VolumeAttachments read, the image sparsified, its
     // status written and an event on the claim
     reclaim_space(&h, "blk").await;
+    reclaim_on_a_schedule(&h, "blk").await;
     let patch = json!({"spec": {"resources": {"requests": {"storage": "64Mi"}}}});
     h.claims()
         .patch("fs", &PatchParams::default(), &Patch::Merge(&patch))

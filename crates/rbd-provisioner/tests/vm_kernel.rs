@@ -1372,6 +1372,75 @@ fn vm_slow_krbd_maps_a_source_after_more_snapshots_of_it_than_krbd_maps() {
     });
 }
 
+/// The node's reclaim of a staged filesystem (what a ReclaimSpaceJob asks the node plugin for:
+/// FITRIM where the volume is staged, by the node service's own code on the plugin's staging
+/// record): 64 MiB written and deleted leave RADOS through krbd and through rbd-nbd (the
+/// image's used size drops by at least 56 MiB), and the file kept reads back unchanged.
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_trim_gives_deleted_space_back_through_krbd_and_rbd_nbd() {
+    guest(|| async {
+        for (name, mounter) in [("trim-krbd", "krbd"), ("trim-nbd", "rbd-nbd")] {
+            let plugin = Plugin::start(&plugin_dir(name), &[]);
+            let mut node = plugin.client().await;
+            let vol = Volume::new(name, mounter, 256).await;
+            vol.attach(&mut node, false).await;
+            let kept: Vec<u8> = (0..1u32 << 20)
+                .map(|i| u8::try_from(i % 251).expect("byte"))
+                .collect();
+            write_file(&vol.target().join("kept"), &kept).expect("write kept");
+            write_file(&vol.target().join("big"), &vec![0x5a; 64 << 20]).expect("write big");
+            std::fs::remove_file(vol.target().join("big")).expect("delete big");
+            sh(&format!("sync -f {}", vol.target().display()));
+            let used = || async {
+                vol.rados
+                    .used_bytes(&vol.cluster.pool, &vol.image)
+                    .await
+                    .expect("used size")
+            };
+            let before = used().await;
+            assert!(before >= 64 << 20, "{mounter}: 64 MiB written: {before}");
+
+            let runtime = tempfile::tempdir().expect("runtime dir");
+            let service = rbd_csi::node::NodeService::new(
+                rbd_csi::CsiConfig {
+                    runtime_dir: runtime.path().to_path_buf(),
+                    ..Default::default()
+                }
+                .node_config(),
+            );
+            let done = service
+                .reclaim_space(&vol.id(), &vol.staging())
+                .await
+                .expect("reclaim on the node");
+
+            let rbd_csi::node::reclaim::NodeReclaimed::Trimmed {
+                bytes,
+                reaches_rados,
+            } = done
+            else {
+                panic!("{mounter}: expected a trim, got {done:?}");
+            };
+            assert!(reaches_rados, "{mounter} passes discards on");
+            assert!(
+                bytes >= 64 << 20,
+                "{mounter}: the filesystem discarded {bytes}"
+            );
+            let after = used().await;
+            assert!(
+                before.saturating_sub(after) >= 56 << 20,
+                "{mounter}: used size {before} -> {after}"
+            );
+            assert_eq!(
+                std::fs::read(vol.target().join("kept")).expect("read kept"),
+                kept,
+                "{mounter}: the file kept reads back unchanged"
+            );
+            vol.detach(&mut node).await;
+        }
+    });
+}
+
 #[test]
 #[ignore = "runs inside the VM: vm_suite"]
 fn guest_nbd_filesystem_round_trip() {
