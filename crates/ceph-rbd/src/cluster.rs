@@ -631,6 +631,41 @@ impl Cluster {
         .await
     }
 
+    /// The values of the omap keys `keys` of the RADOS object `oid` in `pool` (`pool/namespace`
+    /// for a RADOS namespace); a key that is not set is absent from the map. For objects other
+    /// projects keep (e.g. ceph-csi's journal), not images.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the object does not exist; timeouts.
+    pub async fn omap_get(
+        &self,
+        pool: &str,
+        oid: &str,
+        keys: &[&str],
+    ) -> Result<std::collections::BTreeMap<String, Vec<u8>>, Error> {
+        let target = format!("{pool}/{oid}");
+        let (oid, keys): (String, Vec<String>) = (
+            oid.to_owned(),
+            keys.iter().map(|k| (*k).to_owned()).collect(),
+        );
+        self.with_pool("read omap", pool, target.clone(), move |io| {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            io.omap_get("read omap", &target, &oid, &keys)
+        })
+        .await
+    }
+
+    /// The name of the pool whose ID is `id`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when no pool has that ID.
+    pub async fn pool_name(&self, id: i64) -> Result<String, Error> {
+        self.run("look up pool", format!("pool id {id}"), move |rados| {
+            rados.pool_name(id)
+        })
+        .await
+    }
+
     /// Size, features, id and object prefix of an image.
     pub async fn image_info(&self, pool: &str, name: &str) -> Result<ImageInfo, Error> {
         self.with_image("stat image", pool, name, true, |img| img.info())

@@ -953,6 +953,83 @@ impl IoCtx<'_> {
         Ok(buf)
     }
 
+    /// The values of the omap keys `keys` of object `oid` (a key that is not set is absent
+    /// from the map); `ENOENT` when the object does not exist.
+    pub(crate) fn omap_get(
+        &self,
+        op: &'static str,
+        target: &str,
+        oid: &str,
+        keys: &[&str],
+    ) -> Result<std::collections::BTreeMap<String, Vec<u8>>, Error> {
+        let c_oid = cstring(oid, op, target)?;
+        let key_ptrs: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr().cast()).collect();
+        let key_lens: Vec<usize> = keys.iter().map(|k| k.len()).collect();
+        // SAFETY: a new read op, released below exactly once.
+        let read = unsafe { ffi::rados_create_read_op() };
+        if read.is_null() {
+            return Err(Error::from_errno(-libc::ENOMEM, op, target));
+        }
+        let mut iter: ffi::rados_omap_iter_t = ptr::null_mut();
+        let mut prval: c_int = 0;
+        // SAFETY: `read` is valid; the keys (with their lengths: no NUL needed), the iterator
+        // and prval outlive the operation below.
+        unsafe {
+            ffi::rados_read_op_omap_get_vals_by_keys2(
+                read,
+                key_ptrs.as_ptr(),
+                keys.len(),
+                key_lens.as_ptr(),
+                &raw mut iter,
+                &raw mut prval,
+            );
+        }
+        // SAFETY: valid op, ioctx and name; synchronous.
+        let rc = unsafe { ffi::rados_read_op_operate(read, self.handle, c_oid.as_ptr(), 0) };
+        let result = check(rc, op, target)
+            .and_then(|_| check(prval, op, target))
+            .and_then(|_| {
+                let mut out = std::collections::BTreeMap::new();
+                loop {
+                    let (mut key, mut val): (*mut c_char, *mut c_char) =
+                        (ptr::null_mut(), ptr::null_mut());
+                    let (mut key_len, mut val_len) = (0usize, 0usize);
+                    // SAFETY: `iter` was filled by the completed operation; the out-pointers
+                    // are valid; the returned buffers live until the iterator ends.
+                    let rc = unsafe {
+                        ffi::rados_omap_get_next2(
+                            iter,
+                            &raw mut key,
+                            &raw mut val,
+                            &raw mut key_len,
+                            &raw mut val_len,
+                        )
+                    };
+                    check(rc, op, target)?;
+                    if key.is_null() {
+                        break;
+                    }
+                    // SAFETY: librados hands out `key_len` and `val_len` valid bytes.
+                    let k = unsafe { std::slice::from_raw_parts(key.cast::<u8>(), key_len) };
+                    let v = if val.is_null() {
+                        Vec::new()
+                    } else {
+                        // SAFETY: as above.
+                        unsafe { std::slice::from_raw_parts(val.cast::<u8>(), val_len) }.to_vec()
+                    };
+                    out.insert(String::from_utf8_lossy(k).into_owned(), v);
+                }
+                Ok(out)
+            });
+        if !iter.is_null() {
+            // SAFETY: the iterator of this operation, ended once.
+            unsafe { ffi::rados_omap_get_end(iter) };
+        }
+        // SAFETY: created above, released once, after it completed.
+        unsafe { ffi::rados_release_read_op(read) };
+        result
+    }
+
     /// Applies `steps` to object `oid` in one atomic operation: all of them or none.
     pub(crate) fn write_op(
         &self,

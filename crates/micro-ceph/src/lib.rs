@@ -222,6 +222,11 @@ impl MicroCeph {
         Ok(self.run_cli("ceph", &["fsid"])?.trim().to_owned())
     }
 
+    /// Runs `ceph ARGS` against this cluster and returns stdout; an error carries stderr.
+    pub fn ceph(&self, args: &[&str]) -> Result<String, Error> {
+        self.run_cli("ceph", args)
+    }
+
     /// Runs `rados ARGS` against this cluster and returns stdout; an error carries stderr.
     pub fn rados(&self, args: &[&str]) -> Result<String, Error> {
         self.run_cli("rados", args)

@@ -171,23 +171,11 @@ fn migrate(h: &Harness, args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    support::output_text(out)
 }
 
 fn report(out: &Output) -> BTreeMap<String, Value> {
-    let v: Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(out)));
-    v["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| (r["pv"].as_str().unwrap().to_string(), r.clone()))
-        .collect()
+    support::migrate_report(out)
 }
 
 /// Which of `images` the pool holds (the cluster is shared by the tests of this binary, which

@@ -39,6 +39,7 @@
 //! in [`lifecycle`]. Nothing here knows Kubernetes or gRPC: each front door maps [`Error`] to its
 //! own error kinds.
 
+pub mod ceph_csi;
 pub mod clusters;
 pub mod encryption;
 pub mod fence;

@@ -1,8 +1,10 @@
-//! `rbd-provisioner migrate`: in-tree `rbd` PVs become CSI PVs of our driver, in place.
+//! `rbd-provisioner migrate`: in-tree `rbd` PVs and PVs of ceph-csi's RBD driver become CSI PVs
+//! of our driver, in place.
 //!
 //! Replaces PVs with an in-tree `spec.rbd` source (the old `ceph.com/rbd` provisioner's, or an
-//! admin's) by PVs of our CSI driver with the same name, the same image and the same
-//! `claimRef`, without touching the data. See docs/migration.md.
+//! admin's), and PVs of `rbd.csi.ceph.com` (`--from-driver`), by PVs of our CSI driver with the
+//! same name, the same image and the same `claimRef`, without touching the data. ceph-csi's
+//! journal and image metadata are left as they are. See docs/migration.md.
 //!
 //! Per PV, after the checks ([`plan`] and the I/O ones in [`apply`]):
 //!
@@ -39,7 +41,8 @@ use crate::cli::KubeArgs;
 pub struct MigrateArgs {
     #[command(flatten)]
     pub kube: KubeArgs,
-    /// Every PV with an in-tree rbd source (and every migration left unfinished).
+    /// Every PV with an in-tree rbd source or of ceph-csi's driver (and every migration left
+    /// unfinished).
     #[arg(long)]
     pub all: bool,
     /// These PVs (repeatable).
@@ -64,6 +67,13 @@ pub struct MigrateArgs {
     /// Provisioner identity for owner records of PVs without rbdProvisionerIdentity.
     #[arg(long)]
     pub id: Option<String>,
+    /// ceph-csi's RBD driver name: its PVs are migrated too.
+    #[arg(long, default_value = rbd_volume::ceph_csi::DRIVER)]
+    pub from_driver: String,
+    /// Cluster config (ceph-csi's `config.json`) naming the cluster IDs of ceph-csi's volume
+    /// handles. Default: /etc/ceph-csi-config/config.json if that file exists.
+    #[arg(long, env = "CLUSTER_CONFIG")]
+    pub cluster_config: Option<std::path::PathBuf>,
     /// Namespace of the ConfigMaps recording each original PV.
     #[arg(long, default_value = "kube-system")]
     pub record_namespace: String,
@@ -143,13 +153,15 @@ pub fn record_name(pv: &str) -> String {
     format!("rbd-migrate-{pv}")
 }
 
-/// The PV names a run works on: the ones named, or those with an rbd source (of the classes),
-/// plus unfinished migrations (from their records) for `--all` and `--storage-class`.
+/// The PV names a run works on: the ones named, or those with an rbd source or of ceph-csi's
+/// driver `from_driver` (of the classes), plus unfinished migrations (from their records) for
+/// `--all` and `--storage-class`.
 #[must_use]
 pub fn select(
     args_pv: &[String],
     all: bool,
     classes: &[String],
+    from_driver: &str,
     volumes: &[PersistentVolume],
     unfinished: &[PersistentVolume],
 ) -> Vec<String> {
@@ -168,9 +180,11 @@ pub fn select(
             .and_then(|s| s.storage_class_name.as_ref())
             .is_some_and(|c| classes.contains(c))
     };
-    let legacy = volumes
-        .iter()
-        .filter(|pv| pv.spec.as_ref().is_some_and(|s| s.rbd.is_some()));
+    let legacy = volumes.iter().filter(|pv| {
+        pv.spec.as_ref().is_some_and(|s| {
+            s.rbd.is_some() || s.csi.as_ref().is_some_and(|c| c.driver == from_driver)
+        })
+    });
     legacy
         .chain(unfinished.iter())
         .filter(|pv| wanted(pv))
@@ -288,9 +302,23 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
         &args.pv,
         args.all,
         &args.storage_class,
+        &args.from_driver,
         &all_volumes,
         &unfinished,
     );
+    let cluster_config = match &args.cluster_config {
+        Some(path) => Some(path.clone()),
+        None => {
+            let default = std::path::Path::new(rbd_volume::clusters::DEFAULT_PATH);
+            default.exists().then(|| default.to_path_buf())
+        }
+    }
+    .map(|path| {
+        rbd_volume::ClusterConfigFile::open(&path)
+            .map(std::sync::Arc::new)
+            .map_err(|e| anyhow::anyhow!("--cluster-config: {e}"))
+    })
+    .transpose()?;
     let drivers: Api<CSIDriver> = Api::all(client.clone());
     let driver_present = drivers
         .get_opt(&args.csi_driver_name)
@@ -309,6 +337,9 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
         wait: args.wait,
         driver_present,
         ceph: ceph_rbd::ConnectionPool::default(),
+        from_driver: args.from_driver.clone(),
+        provisioner_name: args.provisioner_name.clone(),
+        cluster_config,
     };
     let mut rows = Vec::new();
     for name in &names {
@@ -360,18 +391,24 @@ mod tests {
         ];
         let unfinished = [pv("d", "old", true), pv("a", "old", true)];
         assert_eq!(
-            select(&[], true, &[], &volumes, &unfinished),
+            select(&[], true, &[], "other", &volumes, &unfinished),
             ["a", "b", "d"]
         );
         assert_eq!(
-            select(&[], false, &["old".into()], &volumes, &unfinished),
+            select(&[], false, &["old".into()], "other", &volumes, &unfinished),
             ["a", "d"]
+        );
+        // PVs of ceph-csi's driver ("d" here) are selected too
+        assert_eq!(
+            select(&[], true, &[], "d", &volumes, &unfinished),
+            ["a", "b", "c", "d"]
         );
         assert_eq!(
             select(
                 &["c".into(), "x".into(), "c".into()],
                 false,
                 &[],
+                "other",
                 &volumes,
                 &[]
             ),

@@ -1006,3 +1006,25 @@ pub fn written_files(trace: &str) -> std::collections::BTreeSet<PathBuf> {
     }
     files
 }
+
+/// A finished command's status and output, for assertion messages.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `rbd-provisioner migrate -o json`'s report: each row by PV name.
+pub fn migrate_report(out: &std::process::Output) -> BTreeMap<String, serde_json::Value> {
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", output_text(out)));
+    v["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["pv"].as_str().unwrap().to_string(), r.clone()))
+        .collect()
+}

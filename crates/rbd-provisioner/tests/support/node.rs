@@ -59,7 +59,8 @@ impl NodePlugin {
         )
     }
 
-    fn start_args(
+    /// The node plugin of `node_id` with extra `args`.
+    pub fn start_args(
         dir: &Path,
         node_id: &str,
         args: &[&str],

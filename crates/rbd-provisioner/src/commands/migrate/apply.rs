@@ -54,6 +54,12 @@ pub struct Context {
     pub wait: Duration,
     pub driver_present: bool,
     pub ceph: ConnectionPool,
+    /// ceph-csi's RBD driver name: its PVs are migrated too.
+    pub from_driver: String,
+    /// Our provisioner's name (`pv.kubernetes.io/provisioned-by` of migrated ceph-csi PVs).
+    pub provisioner_name: String,
+    /// The cluster config (ceph-csi's `config.json`) naming ceph-csi's cluster IDs.
+    pub cluster_config: Option<std::sync::Arc<rbd_volume::ClusterConfigFile>>,
 }
 
 /// A record's state.
@@ -153,11 +159,15 @@ async fn migrate_inner(ctx: &Context, name: &str) -> Result<Row, String> {
             let record = record.filter(|r| recorded_uid(r) == pv.metadata.uid.as_deref());
             migrate_legacy(ctx, name, pv, record).await
         }
+        Some(pv) if is_ceph_csi(&pv, &ctx.from_driver) => {
+            let record = record.filter(|r| recorded_uid(r) == pv.metadata.uid.as_deref());
+            migrate_ceph_csi(ctx, name, pv, record).await
+        }
         Some(pv) => {
             let original = unfinished.and_then(recorded_pv);
             let replaced = original
                 .as_ref()
-                .and_then(|o| plan::legacy(o).ok())
+                .and_then(|o| plan::original(o, &ctx.from_driver).ok())
                 .filter(|l| plan::is_replacement_of(&pv, &ctx.driver, &l.pool, &l.image));
             match (unfinished, replaced) {
                 (Some(record), Some(legacy)) if !ctx.dry_run => {
@@ -246,6 +256,40 @@ async fn pods_using(ctx: &Context, ns: &str, claim: &str) -> Result<Vec<String>,
         .collect())
 }
 
+/// Why the API's state forbids replacing `pv` now, if it does: no CSIDriver of ours, finalizers
+/// of other controllers, pods using its claim.
+async fn api_refusal(
+    ctx: &Context,
+    pv: &PersistentVolume,
+    claim: Option<&(String, String)>,
+) -> Result<Option<String>, String> {
+    if !ctx.driver_present {
+        return Ok(Some(format!(
+            "CSIDriver {} not found: install the CSI driver (deploy/csi) first",
+            ctx.driver
+        )));
+    }
+    let foreign = plan::foreign_finalizers(pv);
+    if !foreign.is_empty() {
+        return Ok(Some(format!(
+            "the PV has finalizers of other controllers ({}); they must finish first",
+            foreign.join(", ")
+        )));
+    }
+    if let Some((ns, claim)) = claim {
+        let users = pods_using(ctx, ns, claim).await?;
+        if !users.is_empty() {
+            return Ok(Some(format!(
+                "claim {ns}/{claim} is used by pod(s) {}: stop them first (the old PV's \
+                 kubernetes.io/pv-protection finalizer is only removed when no pod uses the \
+                 claim, and a node plugin does not hand over a volume it has staged)",
+                users.join(", ")
+            )));
+        }
+    }
+    Ok(None)
+}
+
 /// The checks, then (unless a dry run) the replacement of a PV that still has its rbd source.
 async fn migrate_legacy(
     ctx: &Context,
@@ -264,37 +308,8 @@ async fn migrate_legacy(
         Ok(l) => l,
         Err(e) => return Ok(refuse(&row, e)),
     };
-    if !ctx.driver_present {
-        return Ok(refuse(
-            &row,
-            format!(
-                "CSIDriver {} not found: install the CSI driver (deploy/csi) first",
-                ctx.driver
-            ),
-        ));
-    }
-    let foreign = plan::foreign_finalizers(&pv);
-    if !foreign.is_empty() {
-        return Ok(refuse(
-            &row,
-            format!(
-                "the PV has finalizers of other controllers ({}); they must finish first",
-                foreign.join(", ")
-            ),
-        ));
-    }
-    if let Some((ns, claim)) = &legacy.claim {
-        let users = pods_using(ctx, ns, claim).await?;
-        if !users.is_empty() {
-            return Ok(refuse(
-                &row,
-                format!(
-                    "claim {ns}/{claim} is used by pod(s) {}: stop them first (the old PV's \
-                     kubernetes.io/pv-protection finalizer is only removed when no pod uses the claim)",
-                    users.join(", ")
-                ),
-            ));
-        }
+    if let Some(why) = api_refusal(ctx, &pv, legacy.claim.as_ref()).await? {
+        return Ok(refuse(&row, why));
     }
     // the node-stage secret must be readable and hold a key (its value is never shown)
     let user_key = match crate::backend::secrets::read_key(
@@ -341,35 +356,20 @@ async fn migrate_legacy(
         .await
         .map_err(|e| format!("connecting to Ceph as {ceph_user}: {e}"))?;
     let (pool, image) = (&legacy.pool, &legacy.image);
-    let size = match cluster.image_info(pool, image).await {
-        Ok(info) => info.size,
-        Err(e) if e.is_not_found() => {
-            return Ok(refuse(
-                &row,
-                format!("image {pool}/{image} (spec.rbd.image) does not exist"),
-            ));
-        }
-        Err(e) => return Err(format!("reading image {pool}/{image}: {e}")),
+    let meta = match image_refusal(
+        ctx,
+        &cluster,
+        pool,
+        image,
+        "spec.rbd.image",
+        name,
+        legacy.capacity,
+    )
+    .await?
+    {
+        Ok(meta) => meta,
+        Err(why) => return Ok(refuse(&row, why)),
     };
-    if size < legacy.capacity {
-        return Ok(refuse(
-            &row,
-            format!(
-                "image {pool}/{image} has {size} bytes, less than the PV's capacity ({} bytes)",
-                legacy.capacity
-            ),
-        ));
-    }
-    let meta = cluster
-        .metadata_list(pool, image)
-        .await
-        .map_err(|e| format!("reading metadata of image {pool}/{image}: {e}"))?;
-    if let Ownership::Foreign(owner) = ownership(&meta, name, &ctx.kube_cluster) {
-        return Ok(refuse(
-            &row,
-            format!("image {pool}/{image} is recorded as belonging to {owner}, not PV {name}"),
-        ));
-    }
     let original_policy = record
         .as_ref()
         .and_then(recorded_policy)
@@ -392,6 +392,57 @@ async fn migrate_legacy(
         provisioner: plan::owner_identity(&pv, &ctx.identity),
         kube_cluster: ctx.kube_cluster.clone(),
     };
+    record_owner(&cluster, pool, image, &meta, &owner).await?;
+    crashpoint::hit("migrate-after-owner-record");
+
+    replace(ctx, name, &pv, record, &new_pv, &legacy, row.image).await
+}
+
+/// The image's metadata, or why the image cannot be the PV's: missing (`field` names it),
+/// smaller than the PV's `capacity`, or recorded as another PV's.
+async fn image_refusal(
+    ctx: &Context,
+    cluster: &ceph_rbd::Cluster,
+    pool: &str,
+    image: &str,
+    field: &str,
+    name: &str,
+    capacity: u64,
+) -> Result<Result<BTreeMap<String, String>, String>, String> {
+    let size = match cluster.image_info(pool, image).await {
+        Ok(info) => info.size,
+        Err(e) if e.is_not_found() => {
+            return Ok(Err(format!(
+                "image {pool}/{image} ({field}) does not exist"
+            )));
+        }
+        Err(e) => return Err(format!("reading image {pool}/{image}: {e}")),
+    };
+    if size < capacity {
+        return Ok(Err(format!(
+            "image {pool}/{image} has {size} bytes, less than the PV's capacity ({capacity} bytes)"
+        )));
+    }
+    let meta = cluster
+        .metadata_list(pool, image)
+        .await
+        .map_err(|e| format!("reading metadata of image {pool}/{image}: {e}"))?;
+    if let Ownership::Foreign(owner) = ownership(&meta, name, &ctx.kube_cluster) {
+        return Ok(Err(format!(
+            "image {pool}/{image} is recorded as belonging to {owner}, not PV {name}"
+        )));
+    }
+    Ok(Ok(meta))
+}
+
+/// Writes the keys of `owner` that `meta` (the image's metadata) lacks.
+async fn record_owner(
+    cluster: &ceph_rbd::Cluster,
+    pool: &str,
+    image: &str,
+    meta: &BTreeMap<String, String>,
+    owner: &Owner,
+) -> Result<(), String> {
     let missing: Vec<(String, String)> = owner
         .entries()
         .iter()
@@ -404,13 +455,262 @@ async fn migrate_legacy(
             .await
             .map_err(|e| format!("writing the owner record of {pool}/{image}: {e}"))?;
     }
-    crashpoint::hit("migrate-after-owner-record");
+    Ok(())
+}
 
+/// Whether `pv` is a CSI volume of ceph-csi's driver `from_driver`.
+fn is_ceph_csi(pv: &PersistentVolume, from_driver: &str) -> bool {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .is_some_and(|c| c.driver == from_driver)
+}
+
+/// The Ceph user (`userID`, `adminID`; default `admin`) and key of a ceph-csi secret.
+async fn ceph_csi_credentials(
+    ctx: &Context,
+    secret: &SecretName,
+) -> Result<(String, ceph_rbd::Secret), String> {
+    let api: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(ctx.client.clone(), &secret.namespace);
+    let object = api
+        .get_opt(&secret.name)
+        .await
+        .map_err(|e| format!("reading secret {secret}: {e}"))?
+        .ok_or_else(|| format!("secret {secret} not found"))?;
+    let entry = |k: &str| {
+        let data = object
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|v| String::from_utf8_lossy(&v.0).trim().to_string());
+        let string_data = || {
+            object
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(k))
+                .map(|v| v.trim().to_string())
+        };
+        data.or_else(string_data).filter(|v| !v.is_empty())
+    };
+    let user = ["userID", "adminID", "adminId"]
+        .iter()
+        .find_map(|k| entry(k))
+        .unwrap_or_else(|| "admin".into());
+    match crate::backend::secrets::key_from(&object) {
+        crate::backend::secrets::Found::Key(key) => Ok((user, key)),
+        crate::backend::secrets::Found::None => Err(format!(
+            "secret {secret} has no userKey (or adminKey, key) entry"
+        )),
+        crate::backend::secrets::Found::Ambiguous(entries) => Err(format!(
+            "secret {secret} has several entries that could hold the Ceph key ({})",
+            entries.join(", ")
+        )),
+    }
+}
+
+/// Nodes a VolumeAttachment of PV `name` names, as `node (attacher)`.
+async fn attachments_of(ctx: &Context, name: &str) -> Result<Vec<String>, String> {
+    let api: Api<k8s_openapi::api::storage::v1::VolumeAttachment> = Api::all(ctx.client.clone());
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("listing VolumeAttachments: {e}"))?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name))
+        .map(|va| format!("{} ({})", va.spec.node_name, va.spec.attacher))
+        .collect())
+}
+
+/// The checks, then (unless a dry run) the replacement of a PV of ceph-csi's RBD driver: its
+/// handle, the journal entry ceph-csi keeps for it and the image must agree; the journal and
+/// the image's metadata are left as they are (the way back), our owner record is added.
+async fn migrate_ceph_csi(
+    ctx: &Context,
+    name: &str,
+    pv: PersistentVolume,
+    record: Option<ConfigMap>,
+) -> Result<Row, String> {
+    let refuse = |row: &Row, why: String| Row {
+        outcome: Outcome::Refused,
+        detail: why,
+        ..row.clone()
+    };
+    let mut row = Row::new(name, Outcome::WouldMigrate, "");
+    let volume = match plan::ceph_csi(&pv, &ctx.from_driver) {
+        Ok(v) => v,
+        Err(e) => return Ok(refuse(&row, e)),
+    };
+    row.claim = claim_text(&volume.as_legacy());
+    row.image = format!("{}/{}", volume.pool_spec(), volume.image);
+    if let Some(why) = api_refusal(ctx, &pv, volume.claim.as_ref()).await? {
+        return Ok(refuse(&row, why));
+    }
+    let attached = attachments_of(ctx, name).await?;
+    if !attached.is_empty() {
+        return Ok(refuse(
+            &row,
+            format!(
+                "the volume is still attached to {}: wait until the VolumeAttachment is gone \
+                 (its node has unstaged it)",
+                attached.join(", ")
+            ),
+        ));
+    }
+    let cluster_id = &volume.handle.cluster_id;
+    let monitors = match rbd_volume::ClusterRef::Named(cluster_id.clone())
+        .monitors(ctx.cluster_config.as_deref())
+    {
+        Ok(m) => m,
+        Err(e) => {
+            return Ok(refuse(
+                &row,
+                format!("cluster ID {cluster_id:?} of the volume handle: {e}"),
+            ));
+        }
+    };
+    if let Err(e) = ceph_csi_credentials(ctx, &volume.node_secret).await {
+        return Ok(refuse(
+            &row,
+            format!("spec.csi.nodeStageSecretRef: {e} (nodes could not stage the volume)"),
+        ));
+    }
+    let admin = volume
+        .admin_secret
+        .clone()
+        .unwrap_or_else(|| volume.node_secret.clone());
+    let (ceph_user, key) = match ceph_csi_credentials(ctx, &admin).await {
+        Ok(c) => c,
+        Err(e) => return Ok(refuse(&row, format!("admin secret: {e}"))),
+    };
+    let monitors = match crate::backend::monitors::resolve(&monitors).await {
+        Ok(m) => m,
+        Err(e) => {
+            return Ok(refuse(
+                &row,
+                format!("monitors of cluster {cluster_id}: {e}"),
+            ));
+        }
+    };
+    let cfg = ClusterConfig::new(monitors, &ceph_user, key)
+        .with_op_timeout(ctx.command_timeout)
+        .with_connect_timeout(ctx.command_timeout);
+    let cluster = ctx
+        .ceph
+        .get(&cfg)
+        .await
+        .map_err(|e| format!("connecting to Ceph as {ceph_user}: {e}"))?;
+    match cluster.pool_name(volume.handle.pool_id).await {
+        Ok(pool) if pool == volume.pool => {}
+        Ok(pool) => {
+            return Ok(refuse(
+                &row,
+                format!(
+                    "the volume handle names pool {pool} (ID {}), its attributes pool {}",
+                    volume.handle.pool_id, volume.pool
+                ),
+            ));
+        }
+        Err(e) if e.is_not_found() => {
+            return Ok(refuse(
+                &row,
+                format!(
+                    "no pool has the ID {} of the volume handle",
+                    volume.handle.pool_id
+                ),
+            ));
+        }
+        Err(e) => return Err(format!("looking up pool {}: {e}", volume.handle.pool_id)),
+    }
+    let pool = volume.pool_spec();
+    let image = volume.image.clone();
+    let entry = rbd_volume::ceph_csi::volume_entry(&cluster, &pool, &volume.handle.uuid)
+        .await
+        .map_err(|e| format!("reading ceph-csi's journal in {pool}: {e}"))?;
+    let Some(entry) = entry else {
+        return Ok(refuse(
+            &row,
+            format!(
+                "ceph-csi's journal has no entry {}{} in {pool}",
+                rbd_volume::ceph_csi::VOLUME_OBJECT_PREFIX,
+                volume.handle.uuid
+            ),
+        ));
+    };
+    if entry.image != image {
+        return Ok(refuse(
+            &row,
+            format!(
+                "ceph-csi's journal names image {}, the PV's attributes {image}",
+                entry.image
+            ),
+        ));
+    }
+    if let Some(kms) = &entry.encrypt_kms {
+        return Ok(refuse(
+            &row,
+            format!("the volume is encrypted (KMS {kms:?}): not migrated yet"),
+        ));
+    }
+    let meta = match image_refusal(
+        ctx,
+        &cluster,
+        &pool,
+        &image,
+        "spec.csi.volumeAttributes.imageName",
+        name,
+        volume.capacity,
+    )
+    .await?
+    {
+        Ok(meta) => meta,
+        Err(why) => return Ok(refuse(&row, why)),
+    };
+    let policy = record
+        .as_ref()
+        .and_then(recorded_policy)
+        .unwrap_or_else(|| policy_of(&pv));
+    let new_pv =
+        match plan::ceph_csi_replacement(&pv, &volume, &ctx.driver, &ctx.provisioner_name, &policy)
+        {
+            Ok(p) => p,
+            Err(e) => return Ok(refuse(&row, e)),
+        };
+    if ctx.dry_run {
+        row.detail = "checks passed".into();
+        row.new_pv = Some(new_pv);
+        return Ok(row);
+    }
+    let legacy = volume.as_legacy();
+    let owner = Owner {
+        pv: name.to_string(),
+        claim: claim_text(&legacy),
+        provisioner: ctx.identity.clone(),
+        kube_cluster: ctx.kube_cluster.clone(),
+    };
+    record_owner(&cluster, &pool, &image, &meta, &owner).await?;
+    crashpoint::hit("migrate-after-owner-record");
+    replace(ctx, name, &pv, record, &new_pv, &legacy, row.image).await
+}
+
+/// Steps 2 to 6 (see the parent module): the original PV recorded, replaced by `new_pv`, the
+/// claim bound again.
+async fn replace(
+    ctx: &Context,
+    name: &str,
+    pv: &PersistentVolume,
+    record: Option<ConfigMap>,
+    new_pv: &PersistentVolume,
+    legacy: &Legacy,
+    image: String,
+) -> Result<Row, String> {
     // 2. the original PV, before anything is deleted
     let records: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.record_namespace);
     let record = match record {
         Some(r) => r,
-        None => save_record(&records, &pv, &ctx.record_namespace).await?,
+        None => save_record(&records, pv, &ctx.record_namespace).await?,
     };
     crashpoint::hit("migrate-after-record");
 
@@ -418,7 +718,7 @@ async fn migrate_legacy(
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let uid = pv.metadata.uid.clone().unwrap_or_default();
     if pv.metadata.deletion_timestamp.is_none() {
-        if policy_of(&pv) != "Retain" {
+        if policy_of(pv) != "Retain" {
             volumes
                 .patch(
                     name,
@@ -448,9 +748,9 @@ async fn migrate_legacy(
     wait_gone(&volumes, name, &uid, ctx.wait).await?;
 
     // 5.-6.
-    create_new(ctx, name, &new_pv).await?;
-    let mut done = finish(ctx, name, &record, &legacy).await?;
-    done.image = row.image;
+    create_new(ctx, name, new_pv).await?;
+    let mut done = finish(ctx, name, &record, legacy).await?;
+    done.image = image;
     Ok(done)
 }
 
@@ -579,10 +879,24 @@ async fn resume_from_record(
     record: &ConfigMap,
     original: &PersistentVolume,
 ) -> Result<Row, String> {
-    let legacy = plan::legacy(original).map_err(|e| format!("recorded PV: {e}"))?;
-    let admin = admin_for(ctx, original).await;
     let policy = recorded_policy(record).unwrap_or_else(|| policy_of(original));
-    let new_pv = plan::replacement(original, &legacy, &ctx.driver, admin.as_ref(), &policy)?;
+    let (legacy, new_pv) = if is_ceph_csi(original, &ctx.from_driver) {
+        let volume =
+            plan::ceph_csi(original, &ctx.from_driver).map_err(|e| format!("recorded PV: {e}"))?;
+        let new_pv = plan::ceph_csi_replacement(
+            original,
+            &volume,
+            &ctx.driver,
+            &ctx.provisioner_name,
+            &policy,
+        )?;
+        (volume.as_legacy(), new_pv)
+    } else {
+        let legacy = plan::legacy(original).map_err(|e| format!("recorded PV: {e}"))?;
+        let admin = admin_for(ctx, original).await;
+        let new_pv = plan::replacement(original, &legacy, &ctx.driver, admin.as_ref(), &policy)?;
+        (legacy, new_pv)
+    };
     if ctx.dry_run {
         let mut row = Row::new(
             name,

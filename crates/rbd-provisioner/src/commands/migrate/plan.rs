@@ -18,6 +18,8 @@ use crate::backend::pv_build::{ANN_ADMIN_ID, ANN_LEGACY_IDENTITY};
 
 /// Annotation on a migrated PV: the volume source it had before (`rbd`).
 pub const ANN_MIGRATED_FROM: &str = "provisioner.ceph.com/migrated-from";
+/// Annotation on a PV migrated from ceph-csi: its ceph-csi volume handle (for the way back).
+pub const ANN_CEPH_CSI_HANDLE: &str = "provisioner.ceph.com/ceph-csi-volume-handle";
 /// Annotation the migration sets on the claim once its new PV exists (nanoseconds since the
 /// epoch: a new value each time, so each run's write is an update).
 /// Writing it is an update of the claim, which makes kube-controller-manager sync the claim and
@@ -274,7 +276,179 @@ pub fn replacement(
             .entry(ANN_ADMIN_ID.into())
             .or_insert_with(|| a.user.clone());
     }
-    Ok(PersistentVolume {
+    Ok(new_pv(old, annotations, spec))
+}
+
+/// What a PV of ceph-csi's RBD driver says of its volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CephCsi {
+    /// The parsed volume handle.
+    pub handle: rbd_volume::ceph_csi::Handle,
+    /// `volumeAttributes.pool`.
+    pub pool: String,
+    /// `volumeAttributes.radosNamespace` (empty: the pool's default namespace).
+    pub namespace: String,
+    /// `volumeAttributes.imageName`.
+    pub image: String,
+    /// The node-stage secret (`nodeStageSecretRef`).
+    pub node_secret: SecretName,
+    /// The secret with rights to delete and resize the image: the provisioner's deletion secret
+    /// the external-provisioner recorded on the PV, else `controllerExpandSecretRef`.
+    pub admin_secret: Option<SecretName>,
+    pub claim: Option<(String, String)>,
+    pub claim_uid: Option<String>,
+    /// Bytes of `spec.capacity.storage`.
+    pub capacity: u64,
+}
+
+impl CephCsi {
+    /// `pool/namespace` or `pool`.
+    #[must_use]
+    pub fn pool_spec(&self) -> String {
+        if self.namespace.is_empty() {
+            self.pool.clone()
+        } else {
+            format!("{}/{}", self.pool, self.namespace)
+        }
+    }
+
+    /// The fields the PV replacement shares with an in-tree PV's.
+    #[must_use]
+    pub fn as_legacy(&self) -> Legacy {
+        Legacy {
+            monitors: String::new(),
+            pool: self.pool.clone(),
+            image: self.image.clone(),
+            user: String::new(),
+            user_secret: self.node_secret.clone(),
+            claim: self.claim.clone(),
+            claim_uid: self.claim_uid.clone(),
+            capacity: self.capacity,
+        }
+    }
+}
+
+fn secret_name(r: Option<&SecretReference>) -> Option<SecretName> {
+    let r = r?;
+    Some(SecretName {
+        namespace: r.namespace.clone().filter(|n| !n.is_empty())?,
+        name: r.name.clone().filter(|n| !n.is_empty())?,
+    })
+}
+
+/// Reads and checks a PV of ceph-csi's RBD driver `from_driver`. The error says which field is
+/// wrong.
+pub fn ceph_csi(pv: &PersistentVolume, from_driver: &str) -> Result<CephCsi, String> {
+    let spec = pv.spec.as_ref().ok_or("the PV has no spec")?;
+    let csi = spec
+        .csi
+        .as_ref()
+        .filter(|c| c.driver == from_driver)
+        .ok_or_else(|| format!("the PV is not a CSI volume of {from_driver}"))?;
+    let handle = rbd_volume::ceph_csi::Handle::parse(&csi.volume_handle)
+        .map_err(|e| format!("spec.csi.volumeHandle: {e}"))?;
+    let attributes = csi.volume_attributes.clone().unwrap_or_default();
+    let attribute = |key: &str| attributes.get(key).filter(|v| !v.is_empty()).cloned();
+    if let Some(id) = attribute(context::CLUSTER_ID)
+        && id != handle.cluster_id
+    {
+        return Err(format!(
+            "spec.csi.volumeAttributes.clusterID {id:?} differs from the handle's {:?}",
+            handle.cluster_id
+        ));
+    }
+    let pool = attribute(context::POOL).ok_or("spec.csi.volumeAttributes.pool is missing")?;
+    let image =
+        attribute(context::IMAGE).ok_or("spec.csi.volumeAttributes.imageName is missing")?;
+    let node_secret = secret_name(csi.node_stage_secret_ref.as_ref())
+        .ok_or("spec.csi.nodeStageSecretRef is missing (nodes could not stage the volume)")?;
+    let admin_secret = provisioner::volume::deletion_secret(pv)
+        .map(|s| SecretName {
+            namespace: s.namespace,
+            name: s.name,
+        })
+        .or_else(|| secret_name(csi.controller_expand_secret_ref.as_ref()));
+    let capacity = spec
+        .capacity
+        .as_ref()
+        .and_then(|c| c.get("storage"))
+        .ok_or("the PV has no spec.capacity.storage")?;
+    let capacity = provisioner::quantity::parse_bytes(&capacity.0)
+        .ok_or_else(|| format!("spec.capacity.storage {:?} is not a size", capacity.0))?;
+    Ok(CephCsi {
+        pool,
+        namespace: attribute(context::NAMESPACE).unwrap_or_default(),
+        image,
+        node_secret,
+        admin_secret,
+        claim: spec
+            .claim_ref
+            .as_ref()
+            .and_then(|r| Some((r.namespace.clone()?, r.name.clone()?))),
+        claim_uid: spec.claim_ref.as_ref().and_then(|r| r.uid.clone()),
+        capacity,
+        handle,
+    })
+}
+
+/// The PV of our `driver` that replaces ceph-csi's PV `old`, with `reclaim_policy`: the same
+/// PV with our driver and a handle naming the same cluster ID, pool, namespace and image; the
+/// volume attributes (ceph-csi's and ours are the same keys), secrets, filesystem and claim
+/// kept; `pv.kubernetes.io/provisioned-by` set to `provisioner`, so ours deletes it.
+pub fn ceph_csi_replacement(
+    old: &PersistentVolume,
+    volume: &CephCsi,
+    driver: &str,
+    provisioner: &str,
+    reclaim_policy: &str,
+) -> Result<PersistentVolume, String> {
+    let handle = VolumeId::located(
+        rbd_volume::ClusterRef::Named(volume.handle.cluster_id.clone()),
+        &volume.pool,
+        &volume.namespace,
+        &volume.image,
+    )
+    .encode()?;
+    let mut spec = old.spec.clone().unwrap_or_default();
+    spec.persistent_volume_reclaim_policy = Some(reclaim_policy.to_string());
+    let mut csi = spec.csi.clone().ok_or("the PV has no spec.csi source")?;
+    let from = csi.driver.clone();
+    csi.driver = driver.to_string();
+    csi.volume_handle = handle;
+    let mut attributes = csi.volume_attributes.clone().unwrap_or_default();
+    attributes.insert(
+        context::CLUSTER_ID.to_string(),
+        volume.handle.cluster_id.clone(),
+    );
+    csi.volume_attributes = Some(attributes);
+    spec.csi = Some(csi);
+    let mut annotations = old.metadata.annotations.clone().unwrap_or_default();
+    annotations.insert(ANN_MIGRATED_FROM.into(), from);
+    annotations.insert(ANN_CEPH_CSI_HANDLE.into(), volume.handle.encode());
+    annotations.insert(
+        provisioner::pv::ANN_PROVISIONED_BY.into(),
+        provisioner.to_string(),
+    );
+    Ok(new_pv(old, annotations, spec))
+}
+
+/// The old PV's source as the replacement needs it: an in-tree `rbd` source, or a volume of
+/// ceph-csi's driver `from_driver`.
+pub fn original(pv: &PersistentVolume, from_driver: &str) -> Result<Legacy, String> {
+    if pv.spec.as_ref().is_some_and(|s| s.rbd.is_some()) {
+        legacy(pv)
+    } else {
+        ceph_csi(pv, from_driver).map(|v| v.as_legacy())
+    }
+}
+
+/// The replacement of `old`: its name and labels, `annotations` and `spec`.
+fn new_pv(
+    old: &PersistentVolume,
+    annotations: BTreeMap<String, String>,
+    spec: k8s_openapi::api::core::v1::PersistentVolumeSpec,
+) -> PersistentVolume {
+    PersistentVolume {
         metadata: ObjectMeta {
             name: old.metadata.name.clone(),
             labels: old.metadata.labels.clone(),
@@ -283,7 +457,7 @@ pub fn replacement(
         },
         spec: Some(spec),
         status: None,
-    })
+    }
 }
 
 /// The owner-record identity of a legacy PV's image: the old provisioner's

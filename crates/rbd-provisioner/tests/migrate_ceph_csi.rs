@@ -1,0 +1,581 @@
+//! `rbd-provisioner migrate` of ceph-csi's RBD volumes, end to end on the emulator and
+//! micro-ceph. Volumes are laid out as ceph-csi 3.12 writes them, from its source's constants
+//! (not from our code): the image `csi-vol-<uuid>`, the journal objects `csi.volumes.default`
+//! (`csi.volume.<PV name>` → uuid) and `csi.volume.<uuid>` (`csi.imagename`, `csi.volname`,
+//! `csi.imageid`, `csi.volume.owner`), the handle `0001-<len>-<clusterID>-<pool ID>-<uuid>`,
+//! secrets with `userID`/`userKey`, and the PV, claim and class as the external-provisioner
+//! makes them for `rbd.csi.ceph.com`. `migrate` moves the PV to our driver in place; our node
+//! plugin stages it and reads the file written before (the same bytes); a second run changes
+//! nothing; ceph-csi's journal is left as it was; our provisioner deletes it with its claim.
+//! Bad input (an unknown cluster ID, a handle that does not parse, a journal entry missing) is
+//! refused and changes nothing.
+
+#[path = "support/node.rs"]
+mod node;
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Output, Stdio};
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::CSIDriver;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::{Value, json};
+use support::Harness;
+
+const OURS: &str = "rbd.provisioner.ceph.io";
+const CEPH_CSI: &str = "rbd.csi.ceph.com";
+const CLUSTER_ID: &str = "rook-ceph";
+const SECRET: &str = "csi-rbd-secret";
+const CLASS: &str = "csi-rbd-sc";
+
+/// A volume as ceph-csi made it.
+struct CephCsiVolume {
+    pv: String,
+    claim: String,
+    uuid: String,
+    image: String,
+    handle: String,
+}
+
+fn uuid() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    let hex = |n: usize, rng: &mut rand::rngs::ThreadRng| -> String {
+        (0..n)
+            .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
+            .collect()
+    };
+    format!(
+        "{}-{}-{}-{}-{}",
+        hex(8, &mut rng),
+        hex(4, &mut rng),
+        hex(4, &mut rng),
+        hex(4, &mut rng),
+        hex(12, &mut rng)
+    )
+}
+
+/// The pool's ID (`ceph osd pool ls detail`).
+fn pool_id(h: &Harness) -> i64 {
+    let pools: Value = serde_json::from_str(
+        &h.ceph
+            .ceph(&["osd", "pool", "ls", "detail", "--format", "json"])
+            .unwrap(),
+    )
+    .unwrap();
+    pools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pool_name"] == h.ceph.pool.as_str())
+        .and_then(|p| p["pool_id"].as_i64())
+        .unwrap()
+}
+
+/// ceph-csi's `CSIIdentifier.ComposeCSIID`: version, cluster ID length (4 hex digits each),
+/// cluster ID, pool ID (16 hex digits), uuid.
+fn ceph_csi_handle(cluster_id: &str, pool_id: i64, uuid: &str) -> String {
+    format!(
+        "0001-{:04x}-{cluster_id}-{pool_id:016x}-{uuid}",
+        cluster_id.len()
+    )
+}
+
+fn setomapval(h: &Harness, object: &str, key: &str, value: &str) {
+    h.ceph
+        .rados(&["-p", &h.ceph.pool, "setomapval", object, key, value])
+        .unwrap();
+}
+
+/// The class, secret and cluster config of a ceph-csi installation, and our CSIDriver.
+async fn setup(h: &Harness) -> std::path::PathBuf {
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(h.client.clone());
+    let class = serde_json::from_value(json!({
+        "metadata": {"name": CLASS},
+        "provisioner": CEPH_CSI,
+        "reclaimPolicy": "Delete",
+        "parameters": {
+            "clusterID": CLUSTER_ID, "pool": h.ceph.pool, "imageFeatures": "layering",
+            "csi.storage.k8s.io/provisioner-secret-name": SECRET,
+            "csi.storage.k8s.io/provisioner-secret-namespace": "default",
+            "csi.storage.k8s.io/controller-expand-secret-name": SECRET,
+            "csi.storage.k8s.io/controller-expand-secret-namespace": "default",
+            "csi.storage.k8s.io/node-stage-secret-name": SECRET,
+            "csi.storage.k8s.io/node-stage-secret-namespace": "default",
+            "csi.storage.k8s.io/fstype": "ext4",
+        },
+    }))
+    .unwrap();
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    h.create_secret(
+        "default",
+        SECRET,
+        &[("userID", "admin"), ("userKey", &h.ceph.admin_key)],
+    )
+    .await;
+    let drivers: Api<CSIDriver> = Api::all(h.client.clone());
+    let driver = serde_json::from_value(json!({"metadata": {"name": OURS}, "spec": {}})).unwrap();
+    drivers
+        .create(&PostParams::default(), &driver)
+        .await
+        .unwrap();
+    // ceph-csi's config.json
+    let config = h.dir.path().join("ceph-csi-config.json");
+    let monitors: Vec<&str> = h.ceph.monitors.split(',').collect();
+    std::fs::write(
+        &config,
+        json!([{"clusterID": CLUSTER_ID, "monitors": monitors}]).to_string(),
+    )
+    .unwrap();
+    config
+}
+
+/// A 64 MiB volume for claim `claim` as ceph-csi and the external-provisioner make it.
+/// `journal`: whether its journal entry is written; `tweak` edits the PV first.
+async fn ceph_csi_volume(
+    h: &Harness,
+    claim: &str,
+    journal: bool,
+    tweak: impl FnOnce(&mut Value),
+) -> CephCsiVolume {
+    let uuid = uuid();
+    let image = format!("csi-vol-{uuid}");
+    h.ceph
+        .rbd(&[
+            "create",
+            "--size",
+            "64M",
+            "--image-feature",
+            "layering",
+            &format!("{}/{image}", h.ceph.pool),
+        ])
+        .unwrap();
+    let c = h.create_claim(claim, CLASS, "64Mi", false).await;
+    let claim_uid = c.metadata.uid.clone().unwrap();
+    let pv = format!("pvc-{claim_uid}");
+    if journal {
+        let info: Value = serde_json::from_str(
+            &h.ceph
+                .rbd(&[
+                    "info",
+                    "--format",
+                    "json",
+                    &format!("{}/{image}", h.ceph.pool),
+                ])
+                .unwrap(),
+        )
+        .unwrap();
+        setomapval(h, "csi.volumes.default", &format!("csi.volume.{pv}"), &uuid);
+        let object = format!("csi.volume.{uuid}");
+        setomapval(h, &object, "csi.imagename", &image);
+        setomapval(h, &object, "csi.volname", &pv);
+        setomapval(h, &object, "csi.imageid", info["id"].as_str().unwrap());
+        setomapval(h, &object, "csi.volume.owner", "default");
+    }
+    let handle = ceph_csi_handle(CLUSTER_ID, pool_id(h), &uuid);
+    let mut volume = json!({
+        "metadata": {
+            "name": pv,
+            "annotations": {
+                "pv.kubernetes.io/provisioned-by": CEPH_CSI,
+                "volume.kubernetes.io/provisioner-deletion-secret-name": SECRET,
+                "volume.kubernetes.io/provisioner-deletion-secret-namespace": "default",
+            },
+            "finalizers": ["kubernetes.io/pv-protection",
+                           "external-provisioner.volume.kubernetes.io/finalizer"],
+        },
+        "spec": {
+            "capacity": {"storage": "64Mi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": CLASS,
+            "volumeMode": "Filesystem",
+            "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                         "namespace": "default", "name": claim, "uid": claim_uid,
+                         "resourceVersion": c.metadata.resource_version.clone().unwrap()},
+            "csi": {
+                "driver": CEPH_CSI,
+                "volumeHandle": handle,
+                "fsType": "ext4",
+                "volumeAttributes": {
+                    "clusterID": CLUSTER_ID,
+                    "pool": h.ceph.pool,
+                    "journalPool": h.ceph.pool,
+                    "imageName": image,
+                    "imageFeatures": "layering",
+                    "storage.kubernetes.io/csiProvisionerIdentity":
+                        "1733400000000-8081-rbd.csi.ceph.com",
+                },
+                "nodeStageSecretRef": {"name": SECRET, "namespace": "default"},
+                "controllerExpandSecretRef": {"name": SECRET, "namespace": "default"},
+            },
+        },
+    });
+    tweak(&mut volume);
+    let volume: PersistentVolume = serde_json::from_value(volume).unwrap();
+    h.volumes()
+        .create(&PostParams::default(), &volume)
+        .await
+        .unwrap();
+    h.wait_bound(claim).await;
+    CephCsiVolume {
+        pv,
+        claim: claim.to_owned(),
+        uuid,
+        image,
+        handle,
+    }
+}
+
+fn migrate(h: &Harness, config: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rbd-provisioner"))
+        .arg("migrate")
+        .arg("--kubeconfig")
+        .arg(&h.kubeconfig)
+        .arg("--cluster-config")
+        .arg(config)
+        .args(["--wait", "20s", "-o", "json"])
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("RBD_PROVISIONER_CRASH_AT")
+        .env_remove("PROVISIONER_NAME")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    support::output_text(out)
+}
+
+fn report(out: &Output) -> BTreeMap<String, Value> {
+    support::migrate_report(out)
+}
+
+/// ceph-csi's journal of `v`: its key in the directory `csi.volumes.default` (which other
+/// tests of this binary share) and its own object's omap, as `rados` prints them.
+fn journal(h: &Harness, v: &CephCsiVolume) -> String {
+    let pool = &h.ceph.pool;
+    format!(
+        "{}\n{}",
+        h.ceph
+            .rados(&[
+                "-p",
+                pool,
+                "getomapval",
+                "csi.volumes.default",
+                &format!("csi.volume.{}", v.pv),
+            ])
+            .unwrap(),
+        h.ceph
+            .rados(&[
+                "-p",
+                pool,
+                "listomapvals",
+                &format!("csi.volume.{}", v.uuid)
+            ])
+            .unwrap()
+    )
+}
+
+/// A PV object (not in the API) with our driver and a handle naming `image` by monitors, for
+/// writing the image's filesystem before the migration through our node plugin, as ceph-csi's
+/// would have.
+fn before_pv(h: &Harness, image: &str) -> PersistentVolume {
+    serde_json::from_value(json!({
+        "metadata": {"name": "before"},
+        "spec": {"csi": {
+            "driver": OURS,
+            "volumeHandle": format!("v1/{}/{}/{image}", h.ceph.monitors, h.ceph.pool),
+            "fsType": "ext4",
+            "volumeAttributes": {"monitors": h.ceph.monitors, "pool": h.ceph.pool,
+                                 "imageName": image},
+            "nodeStageSecretRef": {"name": SECRET, "namespace": "default"},
+        }},
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ceph_csi_volume_is_taken_over_in_place_and_keeps_its_bytes() {
+    let h = Harness::start().await;
+    let config = setup(&h).await;
+    let v = ceph_csi_volume(&h, "app-data", true, |_| {}).await;
+    let plugin_dir = h.dir.path().join("node");
+    let plugin = node::NodePlugin::start_args(
+        &plugin_dir,
+        "node-1",
+        &[&format!("--cluster-config={}", config.display())],
+        None,
+    );
+    let data: Vec<u8> = (0..1u32 << 20)
+        .map(|i| u8::try_from(i % 253).unwrap())
+        .collect();
+    plugin
+        .with_mounted(&h.client, &before_pv(&h, &v.image), |target| {
+            std::fs::write(target.join("data.bin"), &data).unwrap();
+        })
+        .await;
+    let journal_before = journal(&h, &v);
+    let pv_before = h.volumes().get(&v.pv).await.unwrap();
+
+    // dry run: the new PV, nothing changed
+    let out = migrate(&h, &config, &["--all", "--dry-run"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let row = &report(&out)[&v.pv];
+    assert_eq!(row["result"], "would-migrate", "{row}");
+    let new_csi = &row["newPV"]["spec"]["csi"];
+    assert_eq!(new_csi["driver"], OURS);
+    assert_eq!(
+        new_csi["volumeHandle"],
+        format!("v2/{CLUSTER_ID}/{}/{}", h.ceph.pool, v.image)
+    );
+    assert_eq!(new_csi["nodeStageSecretRef"]["name"], SECRET);
+    assert_eq!(new_csi["volumeAttributes"]["imageName"], v.image.as_str());
+    assert_eq!(
+        h.volumes()
+            .get(&v.pv)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        pv_before.metadata.resource_version
+    );
+
+    // the migration
+    let out = migrate(&h, &config, &["--all"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(report(&out)[&v.pv]["result"], "migrated", "{}", text(&out));
+    let pv = h.volumes().get(&v.pv).await.unwrap();
+    let csi = pv.spec.as_ref().unwrap().csi.as_ref().unwrap();
+    assert_eq!(csi.driver, OURS);
+    let annotations = pv.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations["provisioner.ceph.com/migrated-from"], CEPH_CSI);
+    assert_eq!(
+        annotations["provisioner.ceph.com/ceph-csi-volume-handle"],
+        v.handle
+    );
+    assert_eq!(
+        pv.spec
+            .as_ref()
+            .unwrap()
+            .persistent_volume_reclaim_policy
+            .as_deref(),
+        Some("Delete")
+    );
+    let claim = h.claims().get(&v.claim).await.unwrap();
+    assert_eq!(
+        claim.status.unwrap().phase.as_deref(),
+        Some("Bound"),
+        "the claim stays bound"
+    );
+    // the way back stays open: ceph-csi's journal is untouched; our owner record is beside it
+    assert_eq!(journal(&h, &v), journal_before);
+    assert_eq!(
+        h.image_meta(&v.image, "provisioner.ceph.com/pv").as_deref(),
+        Some(v.pv.as_str())
+    );
+
+    // our node plugin stages the migrated PV and reads the same bytes
+    let read = plugin
+        .with_mounted(&h.client, &pv, |target| {
+            std::fs::read(target.join("data.bin")).unwrap()
+        })
+        .await;
+    assert!(read == data, "the file reads back unchanged");
+
+    // a second run changes nothing
+    let out = migrate(&h, &config, &["--all"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let again = h.volumes().get(&v.pv).await.unwrap();
+    assert_eq!(
+        again.metadata.resource_version,
+        pv.metadata.resource_version
+    );
+    drop(plugin);
+
+    // our provisioner deletes it with its claim
+    let _provisioner = h.spawn(
+        &[
+            "--leader-elect=false",
+            &format!("--cluster-config={}", config.display()),
+            "--retry-interval-start=200ms",
+            "--retry-interval-max=2s",
+        ],
+        &[],
+    );
+    h.claims()
+        .delete(&v.claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(&v.pv).await;
+    assert!(
+        !h.images().contains(&v.image),
+        "the image goes with its claim: {:?}",
+        h.images()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_ceph_csi_volumes_are_refused_and_left_as_they_are() {
+    let h = Harness::start().await;
+    let config = setup(&h).await;
+    // an unknown cluster ID, a handle that does not parse, no journal entry
+    let pool = pool_id(&h);
+    let unknown = ceph_csi_volume(&h, "unknown-cluster", true, |pv| {
+        let csi = &mut pv["spec"]["csi"];
+        let uuid = csi["volumeHandle"].as_str().unwrap()
+            [csi["volumeHandle"].as_str().unwrap().len() - 36..]
+            .to_owned();
+        csi["volumeHandle"] = json!(ceph_csi_handle("elsewhere", pool, &uuid));
+        csi["volumeAttributes"]["clusterID"] = json!("elsewhere");
+    })
+    .await;
+    let bad = ceph_csi_volume(&h, "bad-handle", true, |pv| {
+        pv["spec"]["csi"]["volumeHandle"] = json!("0001-garbage");
+    })
+    .await;
+    let orphan = ceph_csi_volume(&h, "no-journal", false, |_| {}).await;
+    let good = ceph_csi_volume(&h, "good", true, |_| {}).await;
+    let mut versions = BTreeMap::new();
+    for v in [&unknown, &bad, &orphan] {
+        let pv = h.volumes().get(&v.pv).await.unwrap();
+        versions.insert(v.pv.clone(), pv.metadata.resource_version);
+    }
+
+    let out = migrate(&h, &config, &["--all"]);
+    assert!(
+        !out.status.success(),
+        "refusals fail the run: {}",
+        text(&out)
+    );
+    let rows = report(&out);
+    let detail = |v: &CephCsiVolume| rows[&v.pv]["detail"].as_str().unwrap().to_owned();
+    assert_eq!(rows[&unknown.pv]["result"], "refused");
+    assert!(
+        detail(&unknown).contains("elsewhere"),
+        "{}",
+        detail(&unknown)
+    );
+    assert_eq!(rows[&bad.pv]["result"], "refused");
+    assert!(
+        detail(&bad).contains("spec.csi.volumeHandle"),
+        "{}",
+        detail(&bad)
+    );
+    assert_eq!(rows[&orphan.pv]["result"], "refused");
+    assert!(
+        detail(&orphan).contains(&format!("csi.volume.{}", orphan.uuid)),
+        "{}",
+        detail(&orphan)
+    );
+    assert_eq!(rows[&good.pv]["result"], "migrated", "{}", text(&out));
+    for (name, version) in &versions {
+        let pv = h.volumes().get(name).await.unwrap();
+        assert_eq!(&pv.metadata.resource_version, version, "{name} changed");
+        assert_eq!(
+            pv.spec.unwrap().csi.unwrap().driver,
+            CEPH_CSI,
+            "{name} is still ceph-csi's"
+        );
+    }
+    for v in [&unknown, &bad, &orphan] {
+        assert_eq!(h.image_meta(&v.image, "provisioner.ceph.com/pv"), None);
+    }
+}
+
+/// The way back of docs/migration.md, step by step: after it, the PV is ceph-csi's again as it
+/// was (the same spec, annotations and claim), the claim is bound to it, and ceph-csi's journal
+/// never changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_way_back_gives_the_volume_to_ceph_csi_again() {
+    let h = Harness::start().await;
+    let config = setup(&h).await;
+    let v = ceph_csi_volume(&h, "roundtrip", true, |_| {}).await;
+    let original = h.volumes().get(&v.pv).await.unwrap();
+    let journal_before = journal(&h, &v);
+    let out = migrate(&h, &config, &["--pv", &v.pv]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(report(&out)[&v.pv]["result"], "migrated", "{}", text(&out));
+
+    // 1. the recorded PV
+    let records: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(h.client.clone(), "kube-system");
+    let record = records.get(&format!("rbd-migrate-{}", v.pv)).await.unwrap();
+    let mut recorded: PersistentVolume = serde_json::from_str(&record.data.unwrap()["pv"]).unwrap();
+    // 2. the CSI PV: Retain, deleted, finalizers dropped
+    let retain = json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}});
+    let volumes = h.volumes();
+    volumes
+        .patch(
+            &v.pv,
+            &Default::default(),
+            &kube::api::Patch::Merge(&retain),
+        )
+        .await
+        .unwrap();
+    volumes
+        .delete(&v.pv, &DeleteParams::default())
+        .await
+        .unwrap();
+    let no_finalizers = json!({"metadata": {"finalizers": null}});
+    let _ = volumes
+        .patch(
+            &v.pv,
+            &Default::default(),
+            &kube::api::Patch::Merge(&no_finalizers),
+        )
+        .await;
+    h.wait_pv_gone(&v.pv).await;
+    // 3. the recorded PV created again, without uid, resourceVersion and status
+    recorded.metadata.uid = None;
+    recorded.metadata.resource_version = None;
+    recorded.metadata.creation_timestamp = None;
+    recorded.metadata.deletion_timestamp = None;
+    recorded.status = None;
+    let policy = recorded
+        .spec
+        .as_ref()
+        .unwrap()
+        .persistent_volume_reclaim_policy
+        .clone();
+    recorded
+        .spec
+        .as_mut()
+        .unwrap()
+        .persistent_volume_reclaim_policy = Some("Retain".into());
+    volumes
+        .create(&PostParams::default(), &recorded)
+        .await
+        .unwrap();
+    // 4. the policy restored
+    let restore = json!({"spec": {"persistentVolumeReclaimPolicy": policy}});
+    volumes
+        .patch(
+            &v.pv,
+            &Default::default(),
+            &kube::api::Patch::Merge(&restore),
+        )
+        .await
+        .unwrap();
+
+    h.wait_bound(&v.claim).await;
+    let back = volumes.get(&v.pv).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&back.spec).unwrap(),
+        serde_json::to_value(&original.spec).unwrap(),
+        "the PV is ceph-csi's again, as it was"
+    );
+    assert_eq!(back.metadata.annotations, original.metadata.annotations);
+    assert_eq!(
+        journal(&h, &v),
+        journal_before,
+        "ceph-csi's journal never changed"
+    );
+    assert!(h.images().contains(&v.image));
+}
