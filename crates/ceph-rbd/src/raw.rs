@@ -1895,8 +1895,9 @@ impl Image<'_> {
 
     /// The bytes the image's head has allocated, as `rbd du` counts them: whole objects
     /// (librbd reads the fast-diff object map when it is enabled and valid, else asks the OSDs
-    /// object by object).
-    pub(crate) fn used_bytes(&self, size: u64) -> Result<u64, Error> {
+    /// object by object); with `whole_objects` false, as `rbd du --exact` counts them: the
+    /// allocated extents of each object (the OSDs asked object by object).
+    pub(crate) fn used_bytes(&self, size: u64, whole_objects: bool) -> Result<u64, Error> {
         let op = "read used size";
         let mut used: u64 = 0;
         // SAFETY: open image; `count_used` only adds to the u64 `used` points to, which
@@ -1908,7 +1909,7 @@ impl Image<'_> {
                 0,
                 size,
                 0,
-                1,
+                u8::from(whole_objects),
                 Some(count_used),
                 std::ptr::from_mut(&mut used).cast(),
             )

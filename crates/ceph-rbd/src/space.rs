@@ -6,9 +6,12 @@
 //! the `rbd` CLI's default) is valid for every object size librbd allows (order 12 and up), and
 //! finds every zeroed filesystem block; [`sparse_size`] checks it against an object size.
 //!
-//! **Used size.** Whole objects, as `rbd du` counts them: an object that exists counts in full,
-//! also with holes in it. With fast-diff enabled and its map valid, librbd answers from the
-//! object map; otherwise it asks the OSDs object by object.
+//! **Used size.** [`Cluster::used_bytes`]: whole objects, as `rbd du` counts them: an object that
+//! exists counts in full, also with holes in it. With fast-diff enabled and its map valid,
+//! librbd answers from the object map; otherwise it asks the OSDs object by object.
+//! [`Cluster::used_bytes_exact`]: the allocated extents, as `rbd du --exact` counts them (the
+//! OSDs asked object by object): what a discard that truncates or zeroes part of an object
+//! gives back shows there, not in the whole-object count.
 
 use crate::{Cluster, Error};
 
@@ -57,7 +60,22 @@ impl Cluster {
     pub async fn used_bytes(&self, pool: &str, name: &str) -> Result<u64, Error> {
         self.with_image("read used size", pool, name, true, |img| {
             let size = img.info()?.size;
-            img.used_bytes(size)
+            img.used_bytes(size, true)
+        })
+        .await
+    }
+
+    /// The bytes `pool/name`'s head has allocated in RADOS, as `rbd du --exact` reports them:
+    /// the allocated extents of its objects, so an object a discard truncated or zeroed counts
+    /// for what is left of it. Asks the OSDs object by object: slower than [`Self::used_bytes`]
+    /// on a large image.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a missing image; timeouts.
+    pub async fn used_bytes_exact(&self, pool: &str, name: &str) -> Result<u64, Error> {
+        self.with_image("read exact used size", pool, name, true, |img| {
+            let size = img.info()?.size;
+            img.used_bytes(size, false)
         })
         .await
     }

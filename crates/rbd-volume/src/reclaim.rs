@@ -13,7 +13,8 @@
 //! **Flow of [`reclaim_space`]:**
 //! 1. the publication record ([`crate::publish`]) names no node and nobody watches the image
 //!    (no mapping, no open handle): else [`ReclaimError::InUse`], nothing changed;
-//! 2. the used size is read ([`ceph_rbd::Cluster::used_bytes`], as `rbd du` counts it);
+//! 2. the used size is read ([`ceph_rbd::Cluster::used_bytes_exact`], as `rbd du --exact`
+//!    counts it: allocated extents, so a hole punched into an object counts);
 //! 3. the image is sparsified;
 //! 4. the used size is read again: [`Reclaimed`] has both.
 //!
@@ -26,8 +27,8 @@ use ceph_rbd::Cluster;
 
 use crate::publish::{PublishError, publications};
 
-/// The used size of a volume's image before and after a reclaim, in bytes as `rbd du` counts
-/// them (whole objects).
+/// The used size of a volume's image before and after a reclaim, in bytes as `rbd du --exact`
+/// counts them (allocated extents).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reclaimed {
     pub before: u64,
@@ -118,9 +119,9 @@ pub async fn reclaim_space(
             watchers,
         });
     }
-    let before = cluster.used_bytes(pool, image).await?;
+    let before = cluster.used_bytes_exact(pool, image).await?;
     cluster.sparsify(pool, image).await?;
-    let after = cluster.used_bytes(pool, image).await?;
+    let after = cluster.used_bytes_exact(pool, image).await?;
     tracing::info!(
         image = %format!("{pool}/{image}"),
         before,

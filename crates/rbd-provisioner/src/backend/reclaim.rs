@@ -7,10 +7,12 @@
 //! - **Attached to a node, filesystem volume**: the space is the node's to trim: the node
 //!   plugin there is asked through the job ([`provisioner::reclaim_space::node`]) and trims the
 //!   staged filesystem (`FITRIM`); the bytes reclaimed are the image's used size before the
-//!   request minus after the answer (`rbd du`), which stays as it was on a mapping that passes
+//!   request minus after the answer (`rbd du --exact`: krbd truncates or zeroes the parts of
+//!   objects a freed range covers rather than removing them, which a whole-object count would
+//!   not show), which stays as it was on a mapping that passes
 //!   no discards on (rbd-fuse), as the message then says.
 //! - **Attached nowhere**: the image is sparsified when no node has it published and no client
-//!   watches it; the bytes reclaimed are its used size before minus after (`rbd du`).
+//!   watches it; the bytes reclaimed are its used size before minus after (`rbd du --exact`).
 
 use std::sync::Arc;
 
@@ -68,18 +70,21 @@ async fn trim_on_node(
     let used = |what: &'static str| {
         let (pool, image) = (&pool, &location.image);
         async move {
-            cluster.used_bytes(pool, image).await.map_err(|e| match e {
-                ceph_rbd::Error::NotFound { .. } => ReclaimSpaceError::invalid(
-                    TARGET_FIELD,
-                    format!(
-                        "the image {pool}/{image} of volume {} does not exist",
-                        volume.name_any()
+            cluster
+                .used_bytes_exact(pool, image)
+                .await
+                .map_err(|e| match e {
+                    ceph_rbd::Error::NotFound { .. } => ReclaimSpaceError::invalid(
+                        TARGET_FIELD,
+                        format!(
+                            "the image {pool}/{image} of volume {} does not exist",
+                            volume.name_any()
+                        ),
                     ),
-                ),
-                e => ReclaimSpaceError::failed(format!(
-                    "reading the used size of {pool}/{image} {what}: {e}"
-                )),
-            })
+                    e => ReclaimSpaceError::failed(format!(
+                        "reading the used size of {pool}/{image} {what}: {e}"
+                    )),
+                })
         }
     };
     let before = used("before the trim").await?;
