@@ -262,7 +262,9 @@ fn the_clusters_component_mounts_the_config_the_flag_names_and_its_classes_parse
         role["rules"],
         serde_yaml::from_str::<serde_yaml::Value>(
             "[{apiGroups: [''], resources: [nodes], verbs: [get]},
-              {apiGroups: [''], resources: [secrets], verbs: [get]}]"
+              {apiGroups: [''], resources: [secrets], verbs: [get]},
+              {apiGroups: [csiaddons.openshift.io], resources: [reclaimspacejobs],
+               verbs: [get, list, watch, patch]}]"
         )
         .unwrap()
     );
