@@ -261,14 +261,45 @@ impl MicroCeph {
     }
 
     /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) a daemon, to simulate an unreachable cluster.
+    /// A freeze returns once every thread of the daemon is stopped (the signal reaches each
+    /// thread when it next runs: until then a busy daemon can still answer a request sent
+    /// right after `kill` returned), or false after two seconds.
     pub fn pause_daemon(&self, name: &str, paused: bool) -> bool {
         let Some(pid) = self.daemon_pid(name) else {
             return false;
         };
         let sig = if paused { libc::SIGSTOP } else { libc::SIGCONT };
         // SAFETY: kill(2) with a pid read from the cluster's own pid file; no memory is involved.
-        unsafe { libc::kill(pid, sig) == 0 }
+        if unsafe { libc::kill(pid, sig) } != 0 {
+            return false;
+        }
+        if !paused {
+            return true;
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            if all_threads_stopped(pid) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        false
     }
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in `/proc/PID/task/*/stat`).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // the state follows the command name in parentheses, which may hold spaces
+            stat.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next())
+                .is_some_and(|state| state == 'T' || state == 't')
+        })
+    })
 }
 
 /// Holds an image open read-write from a separate client process (python-rbd), the way a node
