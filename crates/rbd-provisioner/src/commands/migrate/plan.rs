@@ -71,6 +71,17 @@ pub struct Legacy {
     pub capacity: u64,
 }
 
+/// Bytes of a PV's `spec.capacity.storage`; the error names the field.
+fn capacity_bytes(spec: &k8s_openapi::api::core::v1::PersistentVolumeSpec) -> Result<u64, String> {
+    let capacity = spec
+        .capacity
+        .as_ref()
+        .and_then(|c| c.get("storage"))
+        .ok_or("the PV has no spec.capacity.storage")?;
+    provisioner::quantity::parse_bytes(&capacity.0)
+        .ok_or_else(|| format!("spec.capacity.storage {:?} is not a size", capacity.0))
+}
+
 /// Reads and checks the old PV's `spec.rbd`. The error says which field is wrong.
 pub fn legacy(pv: &PersistentVolume) -> Result<Legacy, String> {
     let spec = pv.spec.as_ref().ok_or("the PV has no spec")?;
@@ -103,13 +114,7 @@ pub fn legacy(pv: &PersistentVolume) -> Result<Legacy, String> {
              (the in-tree plugin used the pod's namespace)",
         )?,
     };
-    let capacity = spec
-        .capacity
-        .as_ref()
-        .and_then(|c| c.get("storage"))
-        .ok_or("the PV has no spec.capacity.storage")?;
-    let capacity = provisioner::quantity::parse_bytes(&capacity.0)
-        .ok_or_else(|| format!("spec.capacity.storage {:?} is not a size", capacity.0))?;
+    let capacity = capacity_bytes(spec)?;
     Ok(Legacy {
         monitors: rbd
             .monitors
@@ -368,13 +373,7 @@ pub fn ceph_csi(pv: &PersistentVolume, from_driver: &str) -> Result<CephCsi, Str
             name: s.name,
         })
         .or_else(|| secret_name(csi.controller_expand_secret_ref.as_ref()));
-    let capacity = spec
-        .capacity
-        .as_ref()
-        .and_then(|c| c.get("storage"))
-        .ok_or("the PV has no spec.capacity.storage")?;
-    let capacity = provisioner::quantity::parse_bytes(&capacity.0)
-        .ok_or_else(|| format!("spec.capacity.storage {:?} is not a size", capacity.0))?;
+    let capacity = capacity_bytes(spec)?;
     Ok(CephCsi {
         pool,
         namespace: attribute(context::NAMESPACE).unwrap_or_default(),
