@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod modify;
 pub mod network_fence;
 pub mod ownership;
+pub mod paged;
 pub mod pv;
 pub mod quantity;
 pub mod queue;

@@ -167,31 +167,47 @@ impl AttachController {
         self.remove_pv_finalizer(name).await
     }
 
-    /// Every VolumeAttachment of ours again, and PVs being deleted that keep our finalizer.
+    /// Every VolumeAttachment of ours again, and PVs being deleted that keep our finalizer. Both
+    /// are listed in pages, the PVs by their metadata only: a resync of a cluster with thousands
+    /// of PVs holds one page at a time.
     async fn resync(&self) {
         let vas: Api<VolumeAttachment> = Api::all(self.client.clone());
-        let Ok(list) = vas.list(&ListParams::default()).await else {
-            return;
-        };
         let mut named = BTreeSet::new();
-        for va in list.items {
+        let mut ours = Vec::new();
+        let listed = crate::paged::for_each(&vas, &ListParams::default(), |va| {
             if va.spec.attacher == self.driver {
                 if let Some(pv) = &va.spec.source.persistent_volume_name {
                     named.insert(pv.clone());
                 }
-                self.queue.add(va.name_any());
+                ours.push(va.name_any());
             }
+        })
+        .await;
+        if let Err(e) = listed {
+            tracing::warn!(error = %e, "listing VolumeAttachments for the resync failed");
+            return;
+        }
+        for name in ours {
+            self.queue.add(name);
         }
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let Ok(list) = pvs.list(&ListParams::default()).await else {
-            return;
-        };
-        for pv in list.items {
+        let mut releasable = Vec::new();
+        let listed = crate::paged::for_each_metadata(&pvs, &ListParams::default(), |pv| {
             let name = pv.name_any();
-            if self.is_being_deleted_with_our_finalizer(&pv)
+            if pv.metadata.deletion_timestamp.is_some()
+                && pv.finalizers().contains(&self.finalizer)
                 && !named.contains(&name)
-                && let Err(e) = self.remove_pv_finalizer(&name).await
             {
+                releasable.push(name);
+            }
+        })
+        .await;
+        if let Err(e) = listed {
+            tracing::warn!(error = %e, "listing PersistentVolumes for the resync failed");
+            return;
+        }
+        for name in releasable {
+            if let Err(e) = self.remove_pv_finalizer(&name).await {
                 tracing::warn!(pv = %name, error = %e, "removing the attacher's PV finalizer failed");
             }
         }

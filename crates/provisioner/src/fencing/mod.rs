@@ -248,19 +248,19 @@ impl Fencing {
 
     async fn fence(&self, node: &str) -> Result<FenceOutcome, String> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let volumes: Vec<PersistentVolume> = pvs
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| format!("listing PersistentVolumes: {e}"))?
-            .items
-            .into_iter()
-            .filter(|pv| {
-                pv.spec
-                    .as_ref()
-                    .and_then(|s| s.csi.as_ref())
-                    .is_some_and(|c| c.driver == self.driver)
-            })
-            .collect();
+        let mut volumes: Vec<PersistentVolume> = Vec::new();
+        crate::paged::for_each(&pvs, &ListParams::default(), |pv| {
+            let ours = pv
+                .spec
+                .as_ref()
+                .and_then(|s| s.csi.as_ref())
+                .is_some_and(|c| c.driver == self.driver);
+            if ours {
+                volumes.push(pv);
+            }
+        })
+        .await
+        .map_err(|e| format!("listing PersistentVolumes: {e}"))?;
         self.fencer
             .fence(node, &volumes)
             .await

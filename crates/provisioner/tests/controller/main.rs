@@ -10,5 +10,6 @@ mod expand;
 mod failures;
 mod leader;
 mod modify;
+mod paged;
 mod provision;
 mod snapshots;
