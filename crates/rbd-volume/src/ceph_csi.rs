@@ -121,11 +121,7 @@ impl Handle {
             .and_then(|id| i64::try_from(id).ok())
             .ok_or_else(|| bad("the pool ID is out of range"))?;
         let uuid = &rest[17..];
-        let uuid_ok = uuid.bytes().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => b == b'-',
-            _ => b.is_ascii_hexdigit(),
-        });
-        if !uuid_ok {
+        if !is_uuid(uuid) {
             return Err(bad("the last part is not a UUID"));
         }
         if cluster_id.is_empty() {
@@ -168,6 +164,37 @@ pub struct VolumeEntry {
     pub encryption_type: Option<String>,
 }
 
+/// A snapshot's journal entry (`csi.snap.<uuid>`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotEntry {
+    /// `csi.imagename`: the snapshot image (its snapshot has the same name).
+    pub image: String,
+    /// `csi.snapname`: the request (VolumeSnapshotContent's CSI) name, `snapshot-<uid>`.
+    pub request: Option<String>,
+    /// `csi.source`: the source volume's image name.
+    pub source: Option<String>,
+    /// `csi.imageid`.
+    pub image_id: Option<String>,
+    /// `csi.volume.encryptKMS`: set for a snapshot of an encrypted volume.
+    pub encrypt_kms: Option<String>,
+}
+
+/// Whether `name` is an image name ceph-csi gives a snapshot with its default prefix:
+/// `csi-snap-` and a UUID.
+#[must_use]
+pub fn is_snapshot_image(name: &str) -> bool {
+    name.strip_prefix(SNAPSHOT_IMAGE_PREFIX)
+        .is_some_and(is_uuid)
+}
+
+fn is_uuid(s: &str) -> bool {
+    s.len() == UUID_LEN
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
 fn text(values: &BTreeMap<String, Vec<u8>>, key: &str) -> Option<String> {
     values
         .get(key)
@@ -185,7 +212,6 @@ pub async fn volume_entry(
     pool: &str,
     uuid: &str,
 ) -> Result<Option<VolumeEntry>, ceph_rbd::Error> {
-    let oid = format!("{VOLUME_OBJECT_PREFIX}{uuid}");
     let keys = [
         KEY_IMAGE_NAME,
         KEY_VOLUME_NAME,
@@ -194,14 +220,10 @@ pub async fn volume_entry(
         KEY_ENCRYPT_KMS,
         KEY_ENCRYPTION_TYPE,
     ];
-    let values = match cluster.omap_get(pool, &oid, &keys).await {
-        Ok(values) => values,
-        Err(e) if e.is_not_found() => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    if values.is_empty() {
+    let oid = format!("{VOLUME_OBJECT_PREFIX}{uuid}");
+    let Some(values) = entry_values(cluster, pool, &oid, &keys).await? else {
         return Ok(None);
-    }
+    };
     Ok(Some(VolumeEntry {
         image: text(&values, KEY_IMAGE_NAME)
             .unwrap_or_else(|| format!("{VOLUME_IMAGE_PREFIX}{uuid}")),
@@ -211,6 +233,52 @@ pub async fn volume_entry(
         encrypt_kms: text(&values, KEY_ENCRYPT_KMS),
         encryption_type: text(&values, KEY_ENCRYPTION_TYPE),
     }))
+}
+
+/// The journal entry of the snapshot `uuid` in `pool` (`pool/namespace`), `None` when there is
+/// none.
+///
+/// # Errors
+/// Ceph errors other than a missing object.
+pub async fn snapshot_entry(
+    cluster: &Cluster,
+    pool: &str,
+    uuid: &str,
+) -> Result<Option<SnapshotEntry>, ceph_rbd::Error> {
+    let keys = [
+        KEY_IMAGE_NAME,
+        KEY_SNAPSHOT_NAME,
+        KEY_SOURCE,
+        KEY_IMAGE_ID,
+        KEY_ENCRYPT_KMS,
+    ];
+    let oid = format!("{SNAPSHOT_OBJECT_PREFIX}{uuid}");
+    let Some(values) = entry_values(cluster, pool, &oid, &keys).await? else {
+        return Ok(None);
+    };
+    Ok(Some(SnapshotEntry {
+        image: text(&values, KEY_IMAGE_NAME)
+            .unwrap_or_else(|| format!("{SNAPSHOT_IMAGE_PREFIX}{uuid}")),
+        request: text(&values, KEY_SNAPSHOT_NAME),
+        source: text(&values, KEY_SOURCE),
+        image_id: text(&values, KEY_IMAGE_ID),
+        encrypt_kms: text(&values, KEY_ENCRYPT_KMS),
+    }))
+}
+
+/// The values of `keys` in the omap of `oid`; `None` when the object is missing or has none.
+async fn entry_values(
+    cluster: &Cluster,
+    pool: &str,
+    oid: &str,
+    keys: &[&str],
+) -> Result<Option<BTreeMap<String, Vec<u8>>>, ceph_rbd::Error> {
+    match cluster.omap_get(pool, oid, keys).await {
+        Ok(values) if values.is_empty() => Ok(None),
+        Ok(values) => Ok(Some(values)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -237,6 +305,22 @@ mod tests {
         let h = Handle::parse(&handle).unwrap();
         assert_eq!((h.cluster_id.as_str(), h.pool_id), (id, 10));
         assert_eq!(h.encode(), handle);
+    }
+
+    #[test]
+    fn snapshot_image_names_are_the_prefix_and_a_uuid() {
+        assert!(is_snapshot_image(
+            "csi-snap-50d53503-9da1-11ed-847e-bacf8f2f1297"
+        ));
+        assert!(!is_snapshot_image(
+            "csi-vol-50d53503-9da1-11ed-847e-bacf8f2f1297"
+        ));
+        assert!(!is_snapshot_image(
+            "csi-snap-50d53503x9da1-11ed-847e-bacf8f2f1297"
+        ));
+        assert!(!is_snapshot_image(
+            "csi-snap-0123456789abcdef0123456789abcdef"
+        ));
     }
 
     #[test]

@@ -157,6 +157,15 @@ pub fn is_internal_image(name: &str) -> bool {
     is_snapshot_image(name) || is_hashed(name, CLONE_PREFIX)
 }
 
+/// Whether `name` can be a snapshot image of ours by its name: one we made, or one ceph-csi
+/// made (`csi-snap-<uuid>`) and `rbd-provisioner migrate` took over. Only the image's record
+/// ([`SnapshotOwner`]) says that a ceph-csi one was taken over: nothing here touches one
+/// without it.
+#[must_use]
+pub fn may_be_snapshot_image(name: &str) -> bool {
+    is_snapshot_image(name) || crate::ceph_csi::is_snapshot_image(name)
+}
+
 /// Longest snapshot ID Kubernetes accepts as a snapshot handle.
 pub const MAX_SNAPSHOT_ID_LEN: usize = crate::id::MAX_VOLUME_ID_LEN;
 const SNAPSHOT_ID_PREFIXES: (&str, &str) = ("s1", "s2");
@@ -198,12 +207,13 @@ impl SnapshotId {
     /// A message saying what is malformed.
     pub fn parse(id: &str) -> Result<Self, String> {
         crate::id::split(SNAPSHOT_ID_PREFIXES.0, SNAPSHOT_ID_PREFIXES.1, id)
-            .filter(|(_, _, _, image)| is_snapshot_image(image))
+            .filter(|(_, _, _, image)| may_be_snapshot_image(image))
             .map(|(cluster, pool, namespace, image)| Self::located(cluster, pool, namespace, image))
             .ok_or_else(|| {
                 format!(
-                    "malformed snapshot id {id:?} (expected s1/<monitors>/<pool>[/<namespace>]/csi-snap-<32 hex digits> \
-                     or s2/<clusterID>/<pool>[/<namespace>]/csi-snap-<32 hex digits>)"
+                    "malformed snapshot id {id:?} (expected s1/<monitors>/<pool>[/<namespace>]/<image> \
+                     or s2/<clusterID>/<pool>[/<namespace>]/<image>, the image csi-snap-<32 hex digits>, \
+                     or csi-snap-<uuid> for a snapshot taken over from ceph-csi)"
                 )
             })
     }
@@ -949,7 +959,7 @@ pub async fn list_snapshots(cluster: &Cluster, pool: &str) -> Result<Vec<Snapsho
     };
     let mut names: Vec<String> = images
         .into_iter()
-        .filter(|i| is_snapshot_image(i))
+        .filter(|i| may_be_snapshot_image(i))
         .collect();
     names.sort();
     let mut found = Vec::new();
@@ -1045,7 +1055,9 @@ pub async fn purge_trash(cluster: &Cluster, pool: &str) -> Result<usize, Error> 
     let mut removed = 0;
     let mut trash_on_remove = None;
     for entry in cluster.trash_list(pool).await? {
-        if !is_internal_image(&entry.name) {
+        // a ceph-csi name only with our mark: ceph-csi's own entries are its mgr tasks'
+        let taken_over = crate::ceph_csi::is_snapshot_image(&entry.name);
+        if !is_internal_image(&entry.name) && !taken_over {
             continue;
         }
         let marked = match cluster.metadata_by_id(pool, &entry.id).await {
@@ -1053,6 +1065,9 @@ pub async fn purge_trash(cluster: &Cluster, pool: &str) -> Result<usize, Error> 
             Err(e) if e.is_not_found() => continue,
             Err(e) => return Err(e.into()),
         };
+        if !marked && taken_over {
+            continue;
+        }
         if !marked {
             let on = match trash_on_remove {
                 Some(on) => on,
@@ -1493,7 +1508,7 @@ async fn release_dependents(cluster: &Cluster, pool: &str, image: &str) -> Resul
         }
     }
     for child in cluster.list_images(pool).await? {
-        if !is_internal_image(&child) {
+        if !is_internal_image(&child) && !taken_over_snapshot(cluster, pool, &child).await? {
             continue;
         }
         let parent = match cluster.parent(pool, &child).await {
@@ -1512,6 +1527,19 @@ async fn release_dependents(cluster: &Cluster, pool: &str, image: &str) -> Resul
         }
     }
     Ok(())
+}
+
+/// Whether `pool/image` is a ceph-csi snapshot image that `rbd-provisioner migrate` took over
+/// (its name and our record); ceph-csi's own are not ours to flatten.
+async fn taken_over_snapshot(cluster: &Cluster, pool: &str, image: &str) -> Result<bool, Error> {
+    if !crate::ceph_csi::is_snapshot_image(image) {
+        return Ok(false);
+    }
+    match cluster.metadata_list_unopened(pool, image).await {
+        Ok(meta) => Ok(SnapshotOwner::from_metadata(&meta).is_some()),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]
@@ -1533,7 +1561,11 @@ mod tests {
         assert_eq!(text, format!("s2/site-a/kube/t1/{image}"));
         assert_eq!(SnapshotId::parse(&text).unwrap(), named);
         assert_eq!(named.pool_spec(), "kube/t1");
+        // a snapshot taken over from ceph-csi keeps its image's name
+        let ceph_csi = "s2/rook-ceph/rbd/csi-snap-50d53503-9da1-11ed-847e-bacf8f2f1297";
+        assert_eq!(SnapshotId::parse(ceph_csi).unwrap().to_string(), ceph_csi);
         for bad in [
+            "s2/rook-ceph/rbd/csi-vol-50d53503-9da1-11ed-847e-bacf8f2f1297",
             "",
             "reallyfakesnapshotid",
             "s1/m/p/pvc-1",
