@@ -9,9 +9,19 @@
 //! nothing; ceph-csi's journal is left as it was; our provisioner deletes it with its claim.
 //! Bad input (an unknown cluster ID, a handle that does not parse, a journal entry missing) is
 //! refused and changes nothing.
+//!
+//! Snapshots are laid out as ceph-csi's CreateSnapshot leaves them (a temporary snapshot of the
+//! source, cloned (v2, `layering,deep-flatten`) to `csi-snap-<uuid>`, the temporary snapshot
+//! removed, the snapshot `csi-snap-<uuid>@csi-snap-<uuid>`; the journal `csi.snaps.default` and
+//! `csi.snap.<uuid>` with `csi.imagename`, `csi.snapname`, `csi.source`, `csi.imageid`), and the
+//! content's status written as its csi-snapshotter writes it. After `migrate`, our driver
+//! restores, deletes and serves them; the migrated volume is expanded, snapshotted and cloned
+//! by our controller, under the classes `migrate` printed.
 
 #[path = "support/node.rs"]
 mod node;
+#[path = "support/snapshots.rs"]
+mod snapshots;
 mod support;
 
 use std::collections::BTreeMap;
@@ -83,10 +93,34 @@ fn ceph_csi_handle(cluster_id: &str, pool_id: i64, uuid: &str) -> String {
     )
 }
 
-fn setomapval(h: &Harness, object: &str, key: &str, value: &str) {
-    h.ceph
-        .rados(&["-p", &h.ceph.pool, "setomapval", object, key, value])
-        .unwrap();
+/// `rados setomapval` in the pool's RADOS namespace `ns` (empty: the default one).
+fn setomapval(h: &Harness, ns: &str, object: &str, key: &str, value: &str) {
+    let mut args = vec!["-p", h.ceph.pool.as_str()];
+    if !ns.is_empty() {
+        args.extend(["-N", ns]);
+    }
+    args.extend(["setomapval", object, key, value]);
+    h.ceph.rados(&args).unwrap();
+}
+
+/// `pool[/ns]/name`.
+fn spec(h: &Harness, ns: &str, name: &str) -> String {
+    if ns.is_empty() {
+        format!("{}/{name}", h.ceph.pool)
+    } else {
+        format!("{}/{ns}/{name}", h.ceph.pool)
+    }
+}
+
+/// The image's ID (`rbd info`).
+fn image_id(h: &Harness, ns: &str, image: &str) -> String {
+    let info: Value = serde_json::from_str(
+        &h.ceph
+            .rbd(&["info", "--format", "json", &spec(h, ns, image)])
+            .unwrap(),
+    )
+    .unwrap();
+    info["id"].as_str().unwrap().to_owned()
 }
 
 /// The class, secret and cluster config of a ceph-csi installation, and our CSIDriver.
@@ -96,6 +130,7 @@ async fn setup(h: &Harness) -> std::path::PathBuf {
         "metadata": {"name": CLASS},
         "provisioner": CEPH_CSI,
         "reclaimPolicy": "Delete",
+        "allowVolumeExpansion": true,
         "parameters": {
             "clusterID": CLUSTER_ID, "pool": h.ceph.pool, "imageFeatures": "layering",
             "csi.storage.k8s.io/provisioner-secret-name": SECRET,
@@ -143,6 +178,19 @@ async fn ceph_csi_volume(
     journal: bool,
     tweak: impl FnOnce(&mut Value),
 ) -> CephCsiVolume {
+    ceph_csi_volume_in(h, claim, CLUSTER_ID, "", journal, tweak).await
+}
+
+/// [`ceph_csi_volume`] in the RADOS namespace `ns` of a cluster ID whose `rbd.radosNamespace`
+/// it is.
+async fn ceph_csi_volume_in(
+    h: &Harness,
+    claim: &str,
+    cluster_id: &str,
+    ns: &str,
+    journal: bool,
+    tweak: impl FnOnce(&mut Value),
+) -> CephCsiVolume {
     let uuid = uuid();
     let image = format!("csi-vol-{uuid}");
     h.ceph
@@ -152,32 +200,28 @@ async fn ceph_csi_volume(
             "64M",
             "--image-feature",
             "layering",
-            &format!("{}/{image}", h.ceph.pool),
+            &spec(h, ns, &image),
         ])
         .unwrap();
     let c = h.create_claim(claim, CLASS, "64Mi", false).await;
     let claim_uid = c.metadata.uid.clone().unwrap();
     let pv = format!("pvc-{claim_uid}");
     if journal {
-        let info: Value = serde_json::from_str(
-            &h.ceph
-                .rbd(&[
-                    "info",
-                    "--format",
-                    "json",
-                    &format!("{}/{image}", h.ceph.pool),
-                ])
-                .unwrap(),
-        )
-        .unwrap();
-        setomapval(h, "csi.volumes.default", &format!("csi.volume.{pv}"), &uuid);
+        let id = image_id(h, ns, &image);
+        setomapval(
+            h,
+            ns,
+            "csi.volumes.default",
+            &format!("csi.volume.{pv}"),
+            &uuid,
+        );
         let object = format!("csi.volume.{uuid}");
-        setomapval(h, &object, "csi.imagename", &image);
-        setomapval(h, &object, "csi.volname", &pv);
-        setomapval(h, &object, "csi.imageid", info["id"].as_str().unwrap());
-        setomapval(h, &object, "csi.volume.owner", "default");
+        setomapval(h, ns, &object, "csi.imagename", &image);
+        setomapval(h, ns, &object, "csi.volname", &pv);
+        setomapval(h, ns, &object, "csi.imageid", &id);
+        setomapval(h, ns, &object, "csi.volume.owner", "default");
     }
-    let handle = ceph_csi_handle(CLUSTER_ID, pool_id(h), &uuid);
+    let handle = ceph_csi_handle(cluster_id, pool_id(h), &uuid);
     let mut volume = json!({
         "metadata": {
             "name": pv,
@@ -203,7 +247,7 @@ async fn ceph_csi_volume(
                 "volumeHandle": handle,
                 "fsType": "ext4",
                 "volumeAttributes": {
-                    "clusterID": CLUSTER_ID,
+                    "clusterID": cluster_id,
                     "pool": h.ceph.pool,
                     "journalPool": h.ceph.pool,
                     "imageName": image,
@@ -216,6 +260,9 @@ async fn ceph_csi_volume(
             },
         },
     });
+    if !ns.is_empty() {
+        volume["spec"]["csi"]["volumeAttributes"]["radosNamespace"] = json!(ns);
+    }
     tweak(&mut volume);
     let volume: PersistentVolume = serde_json::from_value(volume).unwrap();
     h.volumes()
@@ -400,20 +447,7 @@ async fn a_ceph_csi_volume_is_taken_over_in_place_and_keeps_its_bytes() {
     drop(plugin);
 
     // our provisioner deletes it with its claim
-    let _provisioner = h.spawn(
-        &[
-            "--leader-elect=false",
-            &format!("--cluster-config={}", config.display()),
-            "--retry-interval-start=200ms",
-            "--retry-interval-max=2s",
-        ],
-        &[],
-    );
-    h.claims()
-        .delete(&v.claim, &DeleteParams::default())
-        .await
-        .unwrap();
-    h.wait_pv_gone(&v.pv).await;
+    delete_through_ours(&h, &config, &v).await;
     assert!(
         !h.images().contains(&v.image),
         "the image goes with its claim: {:?}",
@@ -578,4 +612,459 @@ async fn the_documented_way_back_gives_the_volume_to_ceph_csi_again() {
         "ceph-csi's journal never changed"
     );
     assert!(h.images().contains(&v.image));
+}
+
+/// Our provisioner deletes the migrated `v` with its claim.
+async fn delete_through_ours(h: &Harness, config: &std::path::Path, v: &CephCsiVolume) {
+    let _provisioner = h.spawn(
+        &[
+            "--leader-elect=false",
+            &format!("--cluster-config={}", config.display()),
+            "--retry-interval-start=200ms",
+            "--retry-interval-max=2s",
+        ],
+        &[],
+    );
+    h.claims()
+        .delete(&v.claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_pv_gone(&v.pv).await;
+}
+
+/// `-o json` report's VolumeSnapshotContent rows, by content name.
+fn content_report(out: &Output) -> BTreeMap<String, Value> {
+    let v: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(out)));
+    v["snapshotContents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["content"].as_str().unwrap().to_owned(), r.clone()))
+        .collect()
+}
+
+/// `-o json` report's translated class `name`.
+fn translated_class(out: &Output, name: &str) -> Value {
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no class {name}: {}", text(out)))
+        .clone()
+}
+
+const SNAPSHOT_CLASS: &str = "csi-rbdplugin-snapclass";
+
+/// ceph-csi's VolumeSnapshotClass.
+async fn ceph_csi_snapshot_class(h: &Harness) {
+    let class = json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshotClass",
+        "metadata": {"name": SNAPSHOT_CLASS},
+        "driver": CEPH_CSI,
+        "deletionPolicy": "Delete",
+        "parameters": {
+            "clusterID": CLUSTER_ID,
+            "csi.storage.k8s.io/snapshotter-secret-name": SECRET,
+            "csi.storage.k8s.io/snapshotter-secret-namespace": "default",
+        },
+    });
+    let classes: Api<kube::api::DynamicObject> = Api::all_with(
+        h.client.clone(),
+        &snapshots::resource("VolumeSnapshotClass", "volumesnapshotclasses"),
+    );
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(class).unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// A snapshot `name` of `v`'s claim as ceph-csi's driver and csi-snapshotter make it; returns
+/// its content's name and the snapshot image.
+async fn ceph_csi_snapshot(h: &Harness, v: &CephCsiVolume, name: &str) -> (String, String) {
+    let vs = json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshot",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"volumeSnapshotClassName": SNAPSHOT_CLASS,
+                 "source": {"persistentVolumeClaimName": v.claim}},
+    });
+    let vs = snapshots::snapshots(h)
+        .create(&PostParams::default(), &serde_json::from_value(vs).unwrap())
+        .await
+        .unwrap();
+    let vs_uid = vs.metadata.uid.clone().unwrap();
+    let content = format!("snapcontent-{vs_uid}");
+    let contents = snapshots::contents(h);
+    h.until("the snapshot-controller's content", snapshots::WAIT, || {
+        let contents = contents.clone();
+        let content = content.clone();
+        async move { contents.get_opt(&content).await.ok().flatten() }
+    })
+    .await;
+    // ceph-csi's CreateSnapshot (internal/rbd/controllerserver.go doSnapshotClone)
+    let uuid = uuid();
+    let snap = format!("csi-snap-{uuid}");
+    let source = format!("{}/{}", h.ceph.pool, v.image);
+    h.ceph
+        .rbd(&["snap", "create", &format!("{source}@{snap}")])
+        .unwrap();
+    h.ceph
+        .rbd(&[
+            "clone",
+            "--rbd-default-clone-format",
+            "2",
+            "--image-feature",
+            "layering",
+            "--image-feature",
+            "deep-flatten",
+            &format!("{source}@{snap}"),
+            &format!("{}/{snap}", h.ceph.pool),
+        ])
+        .unwrap();
+    h.ceph
+        .rbd(&["snap", "rm", &format!("{source}@{snap}")])
+        .unwrap();
+    h.ceph
+        .rbd(&["snap", "create", &format!("{}/{snap}@{snap}", h.ceph.pool)])
+        .unwrap();
+    let request = format!("snapshot-{vs_uid}");
+    setomapval(
+        h,
+        "",
+        "csi.snaps.default",
+        &format!("csi.snap.{request}"),
+        &uuid,
+    );
+    let object = format!("csi.snap.{uuid}");
+    setomapval(h, "", &object, "csi.imagename", &snap);
+    setomapval(h, "", &object, "csi.snapname", &request);
+    setomapval(h, "", &object, "csi.source", &v.image);
+    setomapval(h, "", &object, "csi.imageid", &image_id(h, "", &snap));
+    // its csi-snapshotter's status
+    let status = json!({"status": {
+        "snapshotHandle": ceph_csi_handle(CLUSTER_ID, pool_id(h), &uuid),
+        "readyToUse": true,
+        "creationTime": 1_733_400_000_000_000_000_i64,
+        "restoreSize": 64 << 20,
+    }});
+    contents
+        .patch_status(
+            &content,
+            &Default::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
+    snapshots::wait_ready(h, name).await;
+    (content, snap)
+}
+
+/// The StorageClass `migrate` printed for ceph-csi's, applied as docs/migration.md says
+/// (deleted and created again).
+async fn apply_translated_class(h: &Harness, translated: &Value) {
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(h.client.clone());
+    let name = translated["metadata"]["name"].as_str().unwrap();
+    classes
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(translated.clone()).unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+fn file_data(seed: u32) -> Vec<u8> {
+    (0..1u32 << 20)
+        .map(|i| u8::try_from((i + seed) % 251).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ceph_csi_snapshots_are_taken_over_and_our_driver_serves_them() {
+    let h = snapshots::harness().await;
+    let config = setup(&h).await;
+    ceph_csi_snapshot_class(&h).await;
+    let v = ceph_csi_volume(&h, "db", true, |_| {}).await;
+    let plugin = node::NodePlugin::start_args(
+        &h.dir.path().join("node"),
+        "node-1",
+        &[&format!("--cluster-config={}", config.display())],
+        None,
+    );
+    let (then, now) = (file_data(0), file_data(7));
+    let write = |data: Vec<u8>| {
+        move |target: &std::path::Path| std::fs::write(target.join("data.bin"), &data).unwrap()
+    };
+    plugin
+        .with_mounted(&h.client, &before_pv(&h, &v.image), write(then.clone()))
+        .await;
+    let (content, snap) = ceph_csi_snapshot(&h, &v, "before").await;
+    plugin
+        .with_mounted(&h.client, &before_pv(&h, &v.image), write(now.clone()))
+        .await;
+    let snap_journal = || {
+        h.ceph
+            .rados(&[
+                "-p",
+                &h.ceph.pool,
+                "listomapvals",
+                &format!("csi.snap.{}", &snap[9..]),
+            ])
+            .unwrap()
+    };
+    let journal_before = snap_journal();
+    let contents = snapshots::contents(&h);
+    let content_before = contents.get(&content).await.unwrap();
+
+    // dry run: what would change, and the classes translated; nothing changed
+    let out = migrate(&h, &config, &["--all", "--dry-run"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let row = &content_report(&out)[&content];
+    assert_eq!(row["result"], "would-migrate", "{row}");
+    let ours = format!("s2/{CLUSTER_ID}/{}/{snap}", h.ceph.pool);
+    assert_eq!(row["change"]["status"]["snapshotHandle"], ours.as_str());
+    assert_eq!(row["snapshot"], "default/before");
+    let class = translated_class(&out, CLASS);
+    assert_eq!(class["translated"]["provisioner"], "ceph.com/rbd");
+    assert_eq!(class["problem"], Value::Null, "{class}");
+    let snapshot_class = translated_class(&out, SNAPSHOT_CLASS);
+    assert_eq!(snapshot_class["translated"]["driver"], OURS);
+    assert_eq!(
+        contents
+            .get(&content)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        content_before.metadata.resource_version
+    );
+
+    // the migration: the PV and the content
+    let out = migrate(&h, &config, &["--all"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(report(&out)[&v.pv]["result"], "migrated", "{}", text(&out));
+    assert_eq!(
+        content_report(&out)[&content]["result"],
+        "migrated",
+        "{}",
+        text(&out)
+    );
+    let c = contents.get(&content).await.unwrap();
+    assert_eq!(c.data["spec"]["driver"], OURS);
+    assert_eq!(c.data["status"]["snapshotHandle"], ours.as_str());
+    assert_eq!(
+        c.data["spec"]["source"], content_before.data["spec"]["source"],
+        "the source stays as it was"
+    );
+    assert_eq!(
+        c.metadata.annotations.as_ref().unwrap()["provisioner.ceph.com/ceph-csi-snapshot-handle"],
+        content_before.data["status"]["snapshotHandle"]
+            .as_str()
+            .unwrap()
+    );
+    let vs = snapshots::snapshots(&h).get("before").await.unwrap();
+    assert_eq!(vs.data["status"]["readyToUse"], true, "{:?}", vs.data);
+    assert_eq!(
+        vs.data["status"]["boundVolumeSnapshotContentName"],
+        content.as_str()
+    );
+    assert!(vs.data["status"].get("error").is_none(), "{:?}", vs.data);
+    assert_eq!(
+        snap_journal(),
+        journal_before,
+        "ceph-csi's journal is left as it was"
+    );
+    // a second run changes nothing: --all no longer selects it; named, it is already ours
+    let out = migrate(&h, &config, &["--all"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !content_report(&out).contains_key(&content),
+        "{}",
+        text(&out)
+    );
+    let out = migrate(&h, &config, &["--snapshot-content", &content]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(content_report(&out)[&content]["result"], "already-migrated");
+    assert_eq!(
+        contents
+            .get(&content)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        c.metadata.resource_version
+    );
+
+    // the user applies the printed class; our provisioner serves the rest
+    apply_translated_class(&h, &class["translated"]).await;
+    let _provisioner = h.spawn(
+        &[
+            "--leader-elect=false",
+            "--pv-source=csi",
+            &format!("--cluster-config={}", config.display()),
+            "--retry-interval-start=200ms",
+            "--retry-interval-max=2s",
+        ],
+        &[],
+    );
+    // restore of ceph-csi's snapshot: the bytes as of the snapshot
+    snapshots::create_claim_from(&h, "restored", "64Mi", "VolumeSnapshot", "before").await;
+    let (_, restored) = h.wait_bound("restored").await;
+    let read = |pv: PersistentVolume| {
+        let plugin = &plugin;
+        let client = h.client.clone();
+        async move {
+            plugin
+                .with_mounted(&client, &pv, |t| std::fs::read(t.join("data.bin")).unwrap())
+                .await
+        }
+    };
+    assert!(
+        read(restored).await == then,
+        "the restore holds the snapshot's bytes"
+    );
+    // expansion of the migrated volume
+    let grow = json!({"spec": {"resources": {"requests": {"storage": "128Mi"}}}});
+    h.claims()
+        .patch(
+            &v.claim,
+            &Default::default(),
+            &kube::api::Patch::Merge(&grow),
+        )
+        .await
+        .unwrap();
+    h.until("the migrated image grown", snapshots::WAIT, || async {
+        (h.image_size(&v.image) == 128 << 20).then_some(())
+    })
+    .await;
+    // a snapshot and a clone of the migrated volume by our driver
+    snapshots::create_snapshot(&h, "after", &v.claim).await;
+    snapshots::wait_ready(&h, "after").await;
+    snapshots::create_claim_from(&h, "copy", "128Mi", "PersistentVolumeClaim", &v.claim).await;
+    let (_, copy) = h.wait_bound("copy").await;
+    assert!(
+        read(copy).await == now,
+        "the clone holds the volume's bytes"
+    );
+    let (_, migrated) = h.wait_bound(&v.claim).await;
+    assert!(read(migrated).await == now);
+
+    // deletes: the source while snapshots hang off it, then ceph-csi's snapshot, then the rest
+    snapshots::delete_claim(&h, &v.claim).await;
+    assert!(!h.images().contains(&v.image), "{:?}", h.images());
+    let vs_api = snapshots::snapshots(&h);
+    vs_api
+        .delete("before", &DeleteParams::default())
+        .await
+        .unwrap();
+    snapshots::wait_gone(&h, &contents, &content).await;
+    assert!(!h.images().contains(&snap), "{:?}", h.images());
+    snapshots::delete_claim(&h, "restored").await;
+    snapshots::delete_claim(&h, "copy").await;
+    vs_api
+        .delete("after", &DeleteParams::default())
+        .await
+        .unwrap();
+    snapshots::wait_gone(&h, &vs_api, "after").await;
+    let trash = snapshots::trash(&h);
+    assert!(
+        !trash.contains(&snap),
+        "ceph-csi's snapshot image is purged: {trash}"
+    );
+    drop(plugin);
+}
+
+/// A volume in a RADOS namespace (the cluster config's `rbd.radosNamespace` of its cluster ID)
+/// keeps it: the new handle names it, our node plugin stages it, our provisioner deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_ceph_csi_volume_keeps_its_namespace() {
+    let h = Harness::start().await;
+    let config = setup(&h).await;
+    let ns = format!("tenant-{}", &uuid()[..8]);
+    h.ceph
+        .rbd(&["namespace", "create", &format!("{}/{ns}", h.ceph.pool)])
+        .unwrap();
+    let cluster = "rook-ceph-tenant";
+    let monitors: Vec<&str> = h.ceph.monitors.split(',').collect();
+    std::fs::write(
+        &config,
+        json!([{"clusterID": CLUSTER_ID, "monitors": monitors},
+               {"clusterID": cluster, "monitors": monitors, "rbd": {"radosNamespace": ns}}])
+        .to_string(),
+    )
+    .unwrap();
+    let v = ceph_csi_volume_in(&h, "tenant-data", cluster, &ns, true, |_| {}).await;
+    let plugin = node::NodePlugin::start_args(
+        &h.dir.path().join("node"),
+        "node-1",
+        &[&format!("--cluster-config={}", config.display())],
+        None,
+    );
+    let data = file_data(3);
+    let mut before = before_pv(&h, &v.image);
+    let csi = before.spec.as_mut().unwrap().csi.as_mut().unwrap();
+    csi.volume_handle = format!("v1/{}/{}/{ns}/{}", h.ceph.monitors, h.ceph.pool, v.image);
+    csi.volume_attributes
+        .as_mut()
+        .unwrap()
+        .insert("radosNamespace".into(), ns.clone());
+    plugin
+        .with_mounted(&h.client, &before, |t| {
+            std::fs::write(t.join("data.bin"), &data).unwrap()
+        })
+        .await;
+
+    let out = migrate(&h, &config, &["--pv", &v.pv]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(report(&out)[&v.pv]["result"], "migrated", "{}", text(&out));
+    let pv = h.volumes().get(&v.pv).await.unwrap();
+    assert_eq!(
+        pv.spec
+            .as_ref()
+            .unwrap()
+            .csi
+            .as_ref()
+            .unwrap()
+            .volume_handle,
+        format!("v2/{cluster}/{}/{ns}/{}", h.ceph.pool, v.image)
+    );
+    let read = plugin
+        .with_mounted(&h.client, &pv, |t| {
+            std::fs::read(t.join("data.bin")).unwrap()
+        })
+        .await;
+    assert!(read == data, "the file reads back unchanged");
+    drop(plugin);
+    delete_through_ours(&h, &config, &v).await;
+    let left = h
+        .ceph
+        .rbd(&["ls", &format!("{}/{ns}", h.ceph.pool)])
+        .unwrap();
+    assert!(
+        !left.contains(&v.image),
+        "the image goes with its claim: {left}"
+    );
+    // ceph-csi's journal objects are its own; gone, the namespace can go
+    for object in [
+        "csi.volumes.default".to_owned(),
+        format!("csi.volume.{}", v.uuid),
+    ] {
+        h.ceph
+            .rados(&["-p", &h.ceph.pool, "-N", &ns, "rm", &object])
+            .unwrap();
+    }
+    h.ceph
+        .rbd(&["namespace", "remove", &format!("{}/{ns}", h.ceph.pool)])
+        .unwrap();
 }

@@ -150,6 +150,12 @@ const ALIASES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Whether `key` is a StorageClass parameter of ours (any case, aliases included).
+#[must_use]
+pub fn is_known(key: &str) -> bool {
+    KEYS.iter().any(|k| k.eq_ignore_ascii_case(key))
+}
+
 /// Normalises keys: case-insensitive, aliases folded into their canonical key (a conflicting
 /// value between a key and its alias is an error), unknown keys refused.
 fn normalise(

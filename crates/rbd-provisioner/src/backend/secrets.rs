@@ -79,6 +79,49 @@ pub async fn read_key(
     }
 }
 
+/// The Ceph user and key of a secret in ceph-csi's shape: the user in `userID` (or `adminID`,
+/// `adminId`; default `admin`), the key as [`key_from`] finds it. The error says what is
+/// missing and names no value.
+///
+/// # Errors
+/// No entry that could be the key, or several.
+pub fn user_and_key(secret: &Secret) -> Result<(String, ceph_rbd::Secret), String> {
+    let name = format!(
+        "{}/{}",
+        secret.metadata.namespace.as_deref().unwrap_or_default(),
+        secret.metadata.name.as_deref().unwrap_or_default()
+    );
+    let entry = |k: &str| {
+        let data = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|v| String::from_utf8_lossy(&v.0).trim().to_string());
+        let string_data = || {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(k))
+                .map(|v| v.trim().to_string())
+        };
+        data.or_else(string_data).filter(|v| !v.is_empty())
+    };
+    let user = ["userID", "adminID", "adminId"]
+        .iter()
+        .find_map(|k| entry(k))
+        .unwrap_or_else(|| "admin".into());
+    match key_from(secret) {
+        Found::Key(key) => Ok((user, key)),
+        Found::None => Err(format!(
+            "secret {name} has no userKey (or adminKey, key) entry"
+        )),
+        Found::Ambiguous(entries) => Err(format!(
+            "secret {name} has several entries that could hold the Ceph key ({})",
+            entries.join(", ")
+        )),
+    }
+}
+
 /// What a secret holds.
 pub enum Found {
     Key(ceph_rbd::Secret),

@@ -252,30 +252,6 @@ impl RbdBackend {
             .await
             .map_err(|e| SnapshotError::retriable(format!("reading secret {ns}/{name}: {e}")))?
             .ok_or_else(|| SnapshotError::retriable(format!("secret {ns}/{name} not found")))?;
-        let entry = |k: &str| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(k))
-                .map(|v| String::from_utf8_lossy(&v.0).trim().to_string())
-                .or_else(|| {
-                    secret
-                        .string_data
-                        .as_ref()
-                        .and_then(|d| d.get(k))
-                        .map(|v| v.trim().to_string())
-                })
-                .filter(|v| !v.is_empty())
-        };
-        let user = ["userID", "adminId", "adminID"]
-            .iter()
-            .find_map(|k| entry(k))
-            .unwrap_or_else(|| "admin".into());
-        match secrets::key_from(&secret) {
-            secrets::Found::Key(key) => Ok((user, key)),
-            _ => Err(SnapshotError::final_error(format!(
-                "secret {ns}/{name} has no Ceph key entry (\"userKey\" or \"key\")"
-            ))),
-        }
+        secrets::user_and_key(&secret).map_err(SnapshotError::final_error)
     }
 }

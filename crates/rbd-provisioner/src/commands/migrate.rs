@@ -19,9 +19,14 @@
 //!
 //! Killed anywhere, the next run reads the PV and the record and goes on from there; a PV that
 //! is migrated is left alone. Nothing here removes an image.
+//!
+//! ceph-csi's VolumeSnapshotContents are taken over in place ([`snapshots`]), and its
+//! StorageClasses and VolumeSnapshotClasses are printed translated ([`classes`]).
 
 pub mod apply;
+pub mod classes;
 pub mod plan;
+pub mod snapshots;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -37,12 +42,12 @@ use serde_json::{Value, json};
 use crate::cli::KubeArgs;
 
 #[derive(Args, Debug, Clone)]
-#[command(group(clap::ArgGroup::new("selection").required(true).args(["all", "pv", "storage_class"])))]
+#[command(group(clap::ArgGroup::new("selection").required(true).args(["all", "pv", "storage_class", "snapshot_content"])))]
 pub struct MigrateArgs {
     #[command(flatten)]
     pub kube: KubeArgs,
     /// Every PV with an in-tree rbd source or of ceph-csi's driver (and every migration left
-    /// unfinished).
+    /// unfinished), and every VolumeSnapshotContent of ceph-csi's driver.
     #[arg(long)]
     pub all: bool,
     /// These PVs (repeatable).
@@ -51,6 +56,9 @@ pub struct MigrateArgs {
     /// PVs of these StorageClasses (repeatable).
     #[arg(long, value_name = "NAME", num_args = 1..)]
     pub storage_class: Vec<String>,
+    /// These VolumeSnapshotContents of ceph-csi's driver (repeatable).
+    #[arg(long, value_name = "NAME", num_args = 1..)]
+    pub snapshot_content: Vec<String>,
     /// Check and print the new PVs and every refusal; change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -132,6 +140,8 @@ pub struct Row {
     pub detail: String,
     /// The new PV (dry run: what would be created).
     pub new_pv: Option<PersistentVolume>,
+    /// What a taken-over VolumeSnapshotContent's fields would become (dry run).
+    pub new_object: Option<Value>,
 }
 
 impl Row {
@@ -143,6 +153,7 @@ impl Row {
             outcome,
             detail: detail.into(),
             new_pv: None,
+            new_object: None,
         }
     }
 }
@@ -206,7 +217,42 @@ pub fn render_table(rows: &[Row], dry_run: bool) -> String {
             }
         }
     }
-    let header = ["PV", "CLAIM", "IMAGE", "RESULT", "DETAIL"];
+    out.push_str(&table(["PV", "CLAIM", "IMAGE", "RESULT", "DETAIL"], rows));
+    if rows.is_empty() {
+        out.push_str("(no PV with an rbd source selected: nothing to do)\n");
+    }
+    out
+}
+
+/// The VolumeSnapshotContents' part of the report as a table, the dry run's changes first.
+#[must_use]
+pub fn render_contents_table(rows: &[Row], dry_run: bool) -> String {
+    let mut out = String::new();
+    if dry_run {
+        for row in rows {
+            if let Some(change) = &row.new_object {
+                let text = serde_json::to_string_pretty(change).unwrap_or_default();
+                out.push_str(&format!(
+                    "# VolumeSnapshotContent {} would get:\n{text}\n",
+                    row.pv
+                ));
+            }
+        }
+    }
+    out.push_str(&table(
+        [
+            "VOLUMESNAPSHOTCONTENT",
+            "SNAPSHOT",
+            "IMAGE",
+            "RESULT",
+            "DETAIL",
+        ],
+        rows,
+    ));
+    out
+}
+
+fn table(header: [&str; 5], rows: &[Row]) -> String {
     let cells: Vec<[String; 5]> = rows
         .iter()
         .map(|r| {
@@ -236,12 +282,9 @@ pub fn render_table(rows: &[Row], dry_run: bool) -> String {
         }
         l.trim_end().to_string() + "\n"
     };
-    out.push_str(&line(header));
+    let mut out = line(header);
     for row in &cells {
         out.push_str(&line([&row[0], &row[1], &row[2], &row[3], &row[4]]));
-    }
-    if rows.is_empty() {
-        out.push_str("(no PV with an rbd source selected: nothing to do)\n");
     }
     out
 }
@@ -254,11 +297,31 @@ fn dash(s: &str) -> String {
     }
 }
 
-/// The report as JSON.
+/// The report as JSON: the PVs' rows under `volumes`, the contents' under `snapshotContents`,
+/// the translated classes under `classes`.
 #[must_use]
-pub fn render_json(rows: &[Row], dry_run: bool) -> Value {
+pub fn render_json(
+    rows: &[Row],
+    content_rows: &[Row],
+    translated: &[classes::Translated],
+    dry_run: bool,
+) -> Value {
     json!({
         "dryRun": dry_run,
+        "snapshotContents": content_rows.iter().map(|r| {
+            let mut v = json!({
+                "content": r.pv,
+                "snapshot": r.claim,
+                "image": r.image,
+                "result": r.outcome.as_str(),
+                "detail": r.detail,
+            });
+            if let Some(change) = &r.new_object {
+                v["change"] = change.clone();
+            }
+            v
+        }).collect::<Vec<_>>(),
+        "classes": classes::to_json(translated),
         "volumes": rows.iter().map(|r| {
             let mut v = json!({
                 "pv": r.pv,
@@ -352,20 +415,132 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
         );
         rows.push(row);
     }
+    let content_names = snapshots::select(&ctx, &args.snapshot_content, args.all)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let mut content_rows = Vec::new();
+    for name in &content_names {
+        let row = snapshots::migrate_content(&ctx, name).await;
+        tracing::info!(
+            content = %row.pv,
+            result = row.outcome.as_str(),
+            detail = %row.detail,
+            "migrate"
+        );
+        content_rows.push(row);
+    }
+    let translated = translate_classes(&ctx, &args, &all_volumes, &names, &content_names).await?;
     match args.output {
-        Output::Table => print!("{}", render_table(&rows, args.dry_run)),
+        Output::Table => {
+            print!("{}", render_table(&rows, args.dry_run));
+            if !content_rows.is_empty() {
+                print!("{}", render_contents_table(&content_rows, args.dry_run));
+            }
+            print!("{}", classes::render(&translated));
+        }
         Output::Json => println!(
             "{}",
-            serde_json::to_string_pretty(&render_json(&rows, args.dry_run))?
+            serde_json::to_string_pretty(&render_json(
+                &rows,
+                &content_rows,
+                &translated,
+                args.dry_run
+            ))?
         ),
     }
     let bad = rows.iter().filter(|r| r.outcome.is_error()).count();
+    let bad_contents = content_rows.iter().filter(|r| r.outcome.is_error()).count();
     anyhow::ensure!(
-        bad == 0,
-        "{bad} of {} selected PV(s) were refused or failed (see the report)",
-        rows.len()
+        bad == 0 && bad_contents == 0,
+        "{bad} of {} selected PV(s) and {bad_contents} of {} VolumeSnapshotContent(s) were \
+         refused or failed (see the report)",
+        rows.len(),
+        content_rows.len()
     );
     Ok(())
+}
+
+/// ceph-csi's classes the run concerns, translated: the StorageClasses of `from_driver` that
+/// are selected (`--all`, `--storage-class`) or hold a selected PV, and its
+/// VolumeSnapshotClasses for `--all` or of the selected contents.
+async fn translate_classes(
+    ctx: &apply::Context,
+    args: &MigrateArgs,
+    volumes: &[PersistentVolume],
+    names: &[String],
+    content_names: &[String],
+) -> anyhow::Result<Vec<classes::Translated>> {
+    let mut out = Vec::new();
+    let used: BTreeSet<&str> = volumes
+        .iter()
+        .filter(|pv| pv.metadata.name.as_ref().is_some_and(|n| names.contains(n)))
+        .filter_map(|pv| pv.spec.as_ref()?.storage_class_name.as_deref())
+        .collect();
+    let storage_classes: Api<k8s_openapi::api::storage::v1::StorageClass> =
+        Api::all(ctx.client.clone());
+    let list = storage_classes
+        .list(&ListParams::default())
+        .await
+        .context("listing StorageClasses")?;
+    for class in list
+        .items
+        .iter()
+        .filter(|c| c.provisioner == args.from_driver)
+    {
+        let name = class.metadata.name.as_deref().unwrap_or_default();
+        if !(args.all || args.storage_class.iter().any(|c| c == name) || used.contains(name)) {
+            continue;
+        }
+        let users = class_users(ctx, class).await;
+        out.push(classes::storage_class(
+            class,
+            &args.provisioner_name,
+            &users,
+        ));
+    }
+    if !args.all && content_names.is_empty() {
+        return Ok(out);
+    }
+    let snapshot_classes: Api<provisioner::snapshot::VolumeSnapshotClass> =
+        Api::all(ctx.client.clone());
+    let list = match snapshot_classes.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+        Err(e) => return Err(anyhow::anyhow!("listing VolumeSnapshotClasses: {e}")),
+    };
+    for class in list.iter().filter(|c| c.driver == args.from_driver) {
+        out.push(classes::snapshot_class(class, &args.csi_driver_name));
+    }
+    Ok(out)
+}
+
+/// The Ceph users in the secrets a ceph-csi class names (ceph-csi reads `userID` there; our
+/// class names it). Unknown when a secret cannot be read.
+async fn class_users(
+    ctx: &apply::Context,
+    class: &k8s_openapi::api::storage::v1::StorageClass,
+) -> classes::SecretUsers {
+    let params = class.parameters.clone().unwrap_or_default();
+    let secret = |prefix: &str| {
+        Some(plan::SecretName {
+            name: params.get(&format!("{prefix}-name"))?.clone(),
+            namespace: params.get(&format!("{prefix}-namespace"))?.clone(),
+        })
+    };
+    let mut users = classes::SecretUsers::default();
+    if let Some(s) = secret("csi.storage.k8s.io/provisioner-secret") {
+        users.admin = apply::ceph_csi_credentials(ctx, &s)
+            .await
+            .ok()
+            .map(|(u, _)| u);
+    }
+    if let Some(s) = secret("csi.storage.k8s.io/node-stage-secret") {
+        users.node = apply::ceph_csi_credentials(ctx, &s)
+            .await
+            .ok()
+            .map(|(u, _)| u);
+    }
+    users
 }
 
 #[cfg(test)]
@@ -461,7 +636,7 @@ mod tests {
         assert!(lines[2].contains("default/b") && lines[2].contains("refused"));
         assert!(lines[1].contains("  -  "), "{table}");
         assert!(rows[1].outcome.is_error() && !rows[0].outcome.is_error());
-        let j = render_json(&rows, true);
+        let j = render_json(&rows, &[], &[], true);
         assert_eq!(j["volumes"][1]["result"], "refused");
         assert_eq!(j["dryRun"], true);
         assert!(render_table(&[], false).contains("nothing to do"));

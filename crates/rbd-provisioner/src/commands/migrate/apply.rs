@@ -347,14 +347,7 @@ async fn migrate_legacy(
         Ok(m) => m,
         Err(e) => return Ok(refuse(&row, format!("spec.rbd.monitors: {e}"))),
     };
-    let cfg = ClusterConfig::new(monitors, &ceph_user, key)
-        .with_op_timeout(ctx.command_timeout)
-        .with_connect_timeout(ctx.command_timeout);
-    let cluster = ctx
-        .ceph
-        .get(&cfg)
-        .await
-        .map_err(|e| format!("connecting to Ceph as {ceph_user}: {e}"))?;
+    let cluster = connect(ctx, monitors, &ceph_user, key).await?;
     let (pool, image) = (&legacy.pool, &legacy.image);
     let meta = match image_refusal(
         ctx,
@@ -392,7 +385,7 @@ async fn migrate_legacy(
         provisioner: plan::owner_identity(&pv, &ctx.identity),
         kube_cluster: ctx.kube_cluster.clone(),
     };
-    record_owner(&cluster, pool, image, &meta, &owner).await?;
+    record_entries(&cluster, pool, image, &meta, &owner.entries()).await?;
     crashpoint::hit("migrate-after-owner-record");
 
     replace(ctx, name, &pv, record, &new_pv, &legacy, row.image).await
@@ -435,16 +428,15 @@ async fn image_refusal(
     Ok(Ok(meta))
 }
 
-/// Writes the keys of `owner` that `meta` (the image's metadata) lacks.
-async fn record_owner(
+/// Writes the `entries` (an owner record) that `meta` (the image's metadata) lacks.
+pub(super) async fn record_entries(
     cluster: &ceph_rbd::Cluster,
     pool: &str,
     image: &str,
     meta: &BTreeMap<String, String>,
-    owner: &Owner,
+    entries: &[(&str, &str)],
 ) -> Result<(), String> {
-    let missing: Vec<(String, String)> = owner
-        .entries()
+    let missing: Vec<(String, String)> = entries
         .iter()
         .filter(|(k, v)| meta.get(*k).map(String::as_str) != Some(*v))
         .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
@@ -467,7 +459,7 @@ fn is_ceph_csi(pv: &PersistentVolume, from_driver: &str) -> bool {
 }
 
 /// The Ceph user (`userID`, `adminID`; default `admin`) and key of a ceph-csi secret.
-async fn ceph_csi_credentials(
+pub(super) async fn ceph_csi_credentials(
     ctx: &Context,
     secret: &SecretName,
 ) -> Result<(String, ceph_rbd::Secret), String> {
@@ -478,35 +470,66 @@ async fn ceph_csi_credentials(
         .await
         .map_err(|e| format!("reading secret {secret}: {e}"))?
         .ok_or_else(|| format!("secret {secret} not found"))?;
-    let entry = |k: &str| {
-        let data = object
-            .data
-            .as_ref()
-            .and_then(|d| d.get(k))
-            .map(|v| String::from_utf8_lossy(&v.0).trim().to_string());
-        let string_data = || {
-            object
-                .string_data
-                .as_ref()
-                .and_then(|d| d.get(k))
-                .map(|v| v.trim().to_string())
-        };
-        data.or_else(string_data).filter(|v| !v.is_empty())
+    crate::backend::secrets::user_and_key(&object)
+}
+
+/// Connects to the cluster `cluster_id` of ceph-csi's cluster config as the Ceph user of
+/// `secret` (`field` names it in a refusal). `Ok(Err(why))` is a refusal (an unknown cluster ID,
+/// an unusable secret), `Err` a failure (Ceph unreachable).
+pub(super) async fn connect_ceph_csi(
+    ctx: &Context,
+    cluster_id: &str,
+    secret: &SecretName,
+    field: &str,
+) -> Result<
+    Result<
+        (
+            std::sync::Arc<ceph_rbd::Cluster>,
+            rbd_volume::clusters::ClusterInfo,
+        ),
+        String,
+    >,
+    String,
+> {
+    let info = match ctx.cluster_config.as_deref() {
+        Some(config) => config.lookup(cluster_id),
+        None => {
+            return Ok(Err(format!(
+                "cluster ID {cluster_id:?}: no cluster config (give ceph-csi's config.json with \
+                 --cluster-config)"
+            )));
+        }
     };
-    let user = ["userID", "adminID", "adminId"]
-        .iter()
-        .find_map(|k| entry(k))
-        .unwrap_or_else(|| "admin".into());
-    match crate::backend::secrets::key_from(&object) {
-        crate::backend::secrets::Found::Key(key) => Ok((user, key)),
-        crate::backend::secrets::Found::None => Err(format!(
-            "secret {secret} has no userKey (or adminKey, key) entry"
-        )),
-        crate::backend::secrets::Found::Ambiguous(entries) => Err(format!(
-            "secret {secret} has several entries that could hold the Ceph key ({})",
-            entries.join(", ")
-        )),
-    }
+    let info = match info {
+        Ok(info) => info,
+        Err(e) => return Ok(Err(format!("cluster ID {cluster_id:?}: {e}"))),
+    };
+    let (ceph_user, key) = match ceph_csi_credentials(ctx, secret).await {
+        Ok(c) => c,
+        Err(e) => return Ok(Err(format!("{field}: {e}"))),
+    };
+    let monitors = match crate::backend::monitors::resolve(&info.monitor_list()).await {
+        Ok(m) => m,
+        Err(e) => return Ok(Err(format!("monitors of cluster {cluster_id}: {e}"))),
+    };
+    let cluster = connect(ctx, monitors, &ceph_user, key).await?;
+    Ok(Ok((cluster, info)))
+}
+
+/// A connection to `monitors` as `user`, bounded by `--command-timeout`.
+async fn connect(
+    ctx: &Context,
+    monitors: String,
+    user: &str,
+    key: ceph_rbd::Secret,
+) -> Result<std::sync::Arc<ceph_rbd::Cluster>, String> {
+    let cfg = ClusterConfig::new(monitors, user, key)
+        .with_op_timeout(ctx.command_timeout)
+        .with_connect_timeout(ctx.command_timeout);
+    ctx.ceph
+        .get(&cfg)
+        .await
+        .map_err(|e| format!("connecting to Ceph as {user}: {e}"))
 }
 
 /// Nodes a VolumeAttachment of PV `name` names, as `node (attacher)`.
@@ -559,18 +582,6 @@ async fn migrate_ceph_csi(
             ),
         ));
     }
-    let cluster_id = &volume.handle.cluster_id;
-    let monitors = match rbd_volume::ClusterRef::Named(cluster_id.clone())
-        .monitors(ctx.cluster_config.as_deref())
-    {
-        Ok(m) => m,
-        Err(e) => {
-            return Ok(refuse(
-                &row,
-                format!("cluster ID {cluster_id:?} of the volume handle: {e}"),
-            ));
-        }
-    };
     if let Err(e) = ceph_csi_credentials(ctx, &volume.node_secret).await {
         return Ok(refuse(
             &row,
@@ -581,27 +592,11 @@ async fn migrate_ceph_csi(
         .admin_secret
         .clone()
         .unwrap_or_else(|| volume.node_secret.clone());
-    let (ceph_user, key) = match ceph_csi_credentials(ctx, &admin).await {
-        Ok(c) => c,
-        Err(e) => return Ok(refuse(&row, format!("admin secret: {e}"))),
-    };
-    let monitors = match crate::backend::monitors::resolve(&monitors).await {
-        Ok(m) => m,
-        Err(e) => {
-            return Ok(refuse(
-                &row,
-                format!("monitors of cluster {cluster_id}: {e}"),
-            ));
-        }
-    };
-    let cfg = ClusterConfig::new(monitors, &ceph_user, key)
-        .with_op_timeout(ctx.command_timeout)
-        .with_connect_timeout(ctx.command_timeout);
-    let cluster = ctx
-        .ceph
-        .get(&cfg)
-        .await
-        .map_err(|e| format!("connecting to Ceph as {ceph_user}: {e}"))?;
+    let cluster =
+        match connect_ceph_csi(ctx, &volume.handle.cluster_id, &admin, "admin secret").await? {
+            Ok((cluster, _)) => cluster,
+            Err(why) => return Ok(refuse(&row, why)),
+        };
     match cluster.pool_name(volume.handle.pool_id).await {
         Ok(pool) if pool == volume.pool => {}
         Ok(pool) => {
@@ -690,7 +685,7 @@ async fn migrate_ceph_csi(
         provisioner: ctx.identity.clone(),
         kube_cluster: ctx.kube_cluster.clone(),
     };
-    record_owner(&cluster, &pool, &image, &meta, &owner).await?;
+    record_entries(&cluster, &pool, &image, &meta, &owner.entries()).await?;
     crashpoint::hit("migrate-after-owner-record");
     replace(ctx, name, &pv, record, &new_pv, &legacy, row.image).await
 }
