@@ -1,5 +1,5 @@
 //! `provisioner::paged` against the emulator: a list longer than a page comes in pages, every
-//! object once, and the metadata-only list carries no spec.
+//! object once, through the full and through the metadata-only list.
 
 use std::collections::BTreeSet;
 
