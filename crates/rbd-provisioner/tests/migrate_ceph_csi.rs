@@ -660,29 +660,12 @@ const SNAPSHOT_CLASS: &str = "csi-rbdplugin-snapclass";
 
 /// ceph-csi's VolumeSnapshotClass.
 async fn ceph_csi_snapshot_class(h: &Harness) {
-    let class = json!({
-        "apiVersion": "snapshot.storage.k8s.io/v1",
-        "kind": "VolumeSnapshotClass",
-        "metadata": {"name": SNAPSHOT_CLASS},
-        "driver": CEPH_CSI,
-        "deletionPolicy": "Delete",
-        "parameters": {
-            "clusterID": CLUSTER_ID,
-            "csi.storage.k8s.io/snapshotter-secret-name": SECRET,
-            "csi.storage.k8s.io/snapshotter-secret-namespace": "default",
-        },
+    let parameters = json!({
+        "clusterID": CLUSTER_ID,
+        "csi.storage.k8s.io/snapshotter-secret-name": SECRET,
+        "csi.storage.k8s.io/snapshotter-secret-namespace": "default",
     });
-    let classes: Api<kube::api::DynamicObject> = Api::all_with(
-        h.client.clone(),
-        &snapshots::resource("VolumeSnapshotClass", "volumesnapshotclasses"),
-    );
-    classes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(class).unwrap(),
-        )
-        .await
-        .unwrap();
+    snapshots::create_snapshot_class(h, SNAPSHOT_CLASS, CEPH_CSI, parameters).await;
 }
 
 /// A snapshot `name` of `v`'s claim as ceph-csi's driver and csi-snapshotter make it; returns

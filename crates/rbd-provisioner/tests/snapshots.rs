@@ -344,29 +344,10 @@ async fn a_protection_finalizer_no_pending_claim_needs_comes_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_snapshot_reports_its_error_on_the_content_and_the_snapshot() {
-    use kube::api::{Api, DynamicObject};
     let (h, _p) = setup().await;
     h.create_claim("err-src", "csi", "16Mi", false).await;
     h.wait_bound("err-src").await;
-    let classes: Api<DynamicObject> = Api::all_with(
-        h.client.clone(),
-        &snap::resource("VolumeSnapshotClass", "volumesnapshotclasses"),
-    );
-    let class = json!({
-        "apiVersion": "snapshot.storage.k8s.io/v1",
-        "kind": "VolumeSnapshotClass",
-        "metadata": {"name": "bad-params"},
-        "driver": snap::DRIVER,
-        "deletionPolicy": "Delete",
-        "parameters": {"pool": "elsewhere"},
-    });
-    classes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(class).unwrap(),
-        )
-        .await
-        .unwrap();
+    snap::create_snapshot_class(&h, "bad-params", snap::DRIVER, json!({"pool": "elsewhere"})).await;
     let vs = json!({
         "apiVersion": "snapshot.storage.k8s.io/v1",
         "kind": "VolumeSnapshot",

@@ -62,6 +62,21 @@ pub async fn harness() -> Harness {
     params.push(("fsType".into(), "ext4".into()));
     params.push(("mounter".into(), "fuse".into()));
     h.create_class("csi", &params, "Delete").await;
+    create_snapshot_class(
+        &h,
+        SNAPSHOT_CLASS,
+        DRIVER,
+        json!({
+            "csi.storage.k8s.io/snapshotter-secret-name": ADMIN_SECRET,
+            "csi.storage.k8s.io/snapshotter-secret-namespace": ADMIN_SECRET_NS,
+        }),
+    )
+    .await;
+    h
+}
+
+/// A VolumeSnapshotClass `name` of `driver` (policy Delete) with `parameters`.
+pub async fn create_snapshot_class(h: &Harness, name: &str, driver: &str, parameters: Value) {
     let classes: Api<DynamicObject> = Api::all_with(
         h.client.clone(),
         &resource("VolumeSnapshotClass", "volumesnapshotclasses"),
@@ -69,13 +84,10 @@ pub async fn harness() -> Harness {
     let class = json!({
         "apiVersion": "snapshot.storage.k8s.io/v1",
         "kind": "VolumeSnapshotClass",
-        "metadata": {"name": SNAPSHOT_CLASS},
-        "driver": DRIVER,
+        "metadata": {"name": name},
+        "driver": driver,
         "deletionPolicy": "Delete",
-        "parameters": {
-            "csi.storage.k8s.io/snapshotter-secret-name": ADMIN_SECRET,
-            "csi.storage.k8s.io/snapshotter-secret-namespace": ADMIN_SECRET_NS,
-        },
+        "parameters": parameters,
     });
     classes
         .create(
@@ -84,7 +96,6 @@ pub async fn harness() -> Harness {
         )
         .await
         .unwrap();
-    h
 }
 
 pub async fn create_snapshot(h: &Harness, name: &str, claim: &str) {
