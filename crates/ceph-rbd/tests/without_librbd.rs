@@ -770,8 +770,14 @@ async fn a_client_that_opens_an_image_being_removed_leaves_no_object_behind() {
     let (resume_tx, resume_rx) = mpsc::channel::<()>();
     let resume_rx = Mutex::new(resume_rx);
     let paused = format!("{spec}/{name}");
+    // only the first removal pauses: when librbd refuses while the writer watches, the test
+    // removes the image again, through the same probe
+    let first = std::sync::atomic::AtomicBool::new(true);
     let _hook = ceph_rbd::steps::install(Arc::new(move |step, target| {
-        if step == ceph_rbd::steps::REMOVE_PROBED && target == paused {
+        if step == ceph_rbd::steps::REMOVE_PROBED
+            && target == paused
+            && first.swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
             at_tx.send(()).unwrap();
             resume_rx
                 .lock()
