@@ -15,8 +15,9 @@ PKGS=(
   jq curl procps iproute2 strace
   # other Ceph releases for the test matrix (scripts/ceph-release.sh)
   debootstrap
-  # a real gRPC client (grpcio) for the kubelet-registration tests
-  python3-grpcio
+  # a real gRPC client (grpcio) for the kubelet-registration tests; AES-GCM (cryptography) for
+  # laying out keys as ceph-csi wraps them
+  python3-grpcio python3-cryptography
   # the kernel data path in a VM (scripts/vm-run.sh): qemu (TCG), virtme-ng's needs (a static
   # busybox for its initramfs, udev for its virtio-serial ports, kmod), a venv for virtme-ng,
   # and the node's mappers and tools the guest runs from this root filesystem

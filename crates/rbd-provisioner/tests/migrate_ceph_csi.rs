@@ -17,6 +17,13 @@
 //! content's status written as its csi-snapshotter writes it. After `migrate`, our driver
 //! restores, deletes and serves them; the migrated volume is expanded, snapshotted and cloned
 //! by our controller, under the classes `migrate` printed.
+//!
+//! Encrypted volumes and their snapshots are laid out as ceph-csi's `metadata` KMS with a
+//! `secretName` leaves them (a LUKS2 header by `cryptsetup`, the passphrase wrapped in Python
+//! after its `secretsMetadataKMS.EncryptDEK`, the journal's `csi.volume.encryptKMS`): after
+//! `migrate`, the key our node would read by our IDs opens the header, ceph-csi still reads the
+//! key, and our driver restores the snapshot encrypted. The LUKS data path itself is the VM's
+//! (`vm_kernel`).
 
 #[path = "support/node.rs"]
 mod node;
@@ -1050,4 +1057,426 @@ async fn a_namespaced_ceph_csi_volume_keeps_its_namespace() {
     h.ceph
         .rbd(&["namespace", "remove", &format!("{}/{ns}", h.ceph.pool)])
         .unwrap();
+}
+
+const KEK_SECRET: &str = "ceph-csi-kek";
+const KEK: &str = "a-kek-ceph-csi-and-we-share";
+
+/// `python3 -c <script> <args>`: its printed line when it succeeded.
+fn python(script: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8(out.stdout).unwrap().trim().to_owned())
+}
+
+/// ceph-csi's `secretsMetadataKMS.EncryptDEK` (internal/kms/secretskms.go), in Python: the KEK
+/// `scrypt.Key(passphrase, volumeID, 32768, 8, 1, 32)`, AES-256-GCM under a random 12-byte
+/// nonce, stored as Go marshals `{DEK, Nonce []byte}`: `{"dek":...,"nonce":...}`.
+fn ceph_csi_wrap(dek: &str, volume_id: &str) -> String {
+    python(
+        "import sys, os, json, base64, hashlib
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+dek, kek, salt = sys.argv[1:4]
+key = hashlib.scrypt(kek.encode(), salt=salt.encode(), n=32768, r=8, p=1, maxmem=64 << 20, dklen=32)
+nonce = os.urandom(12)
+sealed = AESGCM(key).encrypt(nonce, dek.encode(), None)
+print(json.dumps({'dek': base64.b64encode(sealed).decode(), 'nonce': base64.b64encode(nonce).decode()}, separators=(',', ':')))
+",
+        &[dek, KEK, volume_id],
+    )
+    .expect("python3 with cryptography wraps the key")
+}
+
+/// ceph-csi's `secretsMetadataKMS.DecryptDEK`, in Python: `json.Unmarshal` into `{DEK, Nonce}`
+/// (other fields ignored), the KEK from `volume_id`; `None` when it does not open.
+fn ceph_csi_unwrap(stored: &str, volume_id: &str) -> Option<String> {
+    python(
+        "import sys, json, base64, hashlib
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+stored, kek, salt = sys.argv[1:4]
+v = json.loads(stored)
+key = hashlib.scrypt(kek.encode(), salt=salt.encode(), n=32768, r=8, p=1, maxmem=64 << 20, dklen=32)
+print(AESGCM(key).decrypt(base64.b64decode(v['nonce']), base64.b64decode(v['dek']), None).decode())
+",
+        &[stored, KEK, volume_id],
+    )
+}
+
+/// ceph-csi's `generateNewEncryptionPassphrase(20)`: 20 random bytes, URL-safe base64.
+fn ceph_csi_passphrase() -> String {
+    python(
+        "import os, base64; print(base64.urlsafe_b64encode(os.urandom(20)).decode())",
+        &[],
+    )
+    .expect("python3 makes a passphrase")
+}
+
+/// The LUKS2 header ceph-csi's node plugin writes on first use (`cryptsetup -q luksFormat
+/// --type luks2 --hash sha256 <device> -d /dev/stdin`; a small Argon2 memory here, for the
+/// tests' time), on a 64 MiB file.
+fn luks_file(dir: &std::path::Path, passphrase: &str) -> std::path::PathBuf {
+    let file = dir.join(format!("luks-{}.img", &uuid()[..8]));
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    assert!(cryptsetup(
+        &[
+            "-q",
+            "luksFormat",
+            "--type",
+            "luks2",
+            "--hash",
+            "sha256",
+            "--pbkdf-memory",
+            "32768"
+        ],
+        &file,
+        passphrase
+    ));
+    file
+}
+
+/// `cryptsetup <args> <file> -d -` with `passphrase` on its stdin, as ceph-csi's node plugin
+/// and ours hand it over; whether it succeeded.
+fn cryptsetup(args: &[&str], file: &std::path::Path, passphrase: &str) -> bool {
+    use std::io::Write;
+    let mut child = Command::new("cryptsetup")
+        .args(args)
+        .arg(file)
+        .args(["-d", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(passphrase.as_bytes())
+        .unwrap();
+    child.wait().unwrap().success()
+}
+
+/// Whether `passphrase` opens the LUKS header of image `image` (`rbd export`, then cryptsetup's
+/// `--test-passphrase`, which reads the header as `luksOpen` does).
+fn luks_opens(h: &Harness, image: &str, passphrase: &str) -> bool {
+    let file = h.dir.path().join(format!("export-{image}"));
+    let _ = std::fs::remove_file(&file);
+    h.ceph
+        .rbd(&[
+            "export",
+            &format!("{}/{image}", h.ceph.pool),
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+    let opened = cryptsetup(&["luksOpen", "--test-passphrase"], &file, passphrase);
+    std::fs::remove_file(&file).unwrap();
+    opened
+}
+
+/// The key our node plugin would unlock image `image` with: the KMS entry `kms_id` of
+/// `kms_config` read by volume (or snapshot) ID `id`, as the node reads it at stage.
+async fn our_key(
+    h: &Harness,
+    kms_config: &std::path::Path,
+    kms_id: &str,
+    image: &str,
+    id: &str,
+    tenant: Option<&str>,
+) -> Option<String> {
+    use rbd_volume::encryption;
+    let store: std::sync::Arc<dyn encryption::secrets::SecretStore> =
+        std::sync::Arc::new(rbd_csi::kube_secrets::KubeSecrets::new(h.client.clone()));
+    let kms = encryption::load_kms(kms_config, Some(store), kms_id)
+        .await
+        .unwrap();
+    let cluster = h.ceph_cluster().await;
+    let target = encryption::Target {
+        cluster: &cluster,
+        pool: &h.ceph.pool,
+        image,
+        volume_id: id,
+        tenant,
+    };
+    kms.fetch_dek(&target)
+        .await
+        .unwrap()
+        .map(|d| d.expose().to_owned())
+}
+
+/// ceph-csi's encrypted volume for claim `claim` with KMS entry `kms_id` (`None`: its default
+/// KMS): the PV's attributes, the journal's `csi.volume.encryptKMS`/`encryptionType`, the
+/// image's LUKS2 header and its metadata `rbd.csi.ceph.com/encrypted` and the wrapped
+/// `rbd.csi.ceph.com/dek`. Returns the volume and its LUKS passphrase.
+async fn ceph_csi_encrypted_volume(
+    h: &Harness,
+    claim: &str,
+    kms_id: Option<&str>,
+) -> (CephCsiVolume, String) {
+    let v = ceph_csi_volume(h, claim, true, |pv| {
+        let attributes = &mut pv["spec"]["csi"]["volumeAttributes"];
+        attributes["encrypted"] = json!("true");
+        if let Some(id) = kms_id {
+            attributes["encryptionKMSID"] = json!(id);
+        }
+    })
+    .await;
+    let object = format!("csi.volume.{}", v.uuid);
+    setomapval(
+        h,
+        "",
+        &object,
+        "csi.volume.encryptKMS",
+        kms_id.unwrap_or("default"),
+    );
+    setomapval(h, "", &object, "csi.volume.encryptionType", "block");
+    let passphrase = ceph_csi_passphrase();
+    // the LUKS2 header, as ceph-csi's node plugin wrote it on the volume's first stage
+    let header = luks_file(h.dir.path(), &passphrase);
+    let image = spec(h, "", &v.image);
+    h.ceph.rbd(&["rm", &image]).unwrap();
+    h.ceph
+        .rbd(&[
+            "import",
+            "--image-feature",
+            "layering",
+            header.to_str().unwrap(),
+            &image,
+        ])
+        .unwrap();
+    std::fs::remove_file(&header).unwrap();
+    setomapval(h, "", &object, "csi.imageid", &image_id(h, "", &v.image));
+    h.ceph
+        .rbd(&[
+            "image-meta",
+            "set",
+            &image,
+            "rbd.csi.ceph.com/encrypted",
+            "encrypted",
+        ])
+        .unwrap();
+    if kms_id.is_some() {
+        let wrapped = ceph_csi_wrap(&passphrase, &v.handle);
+        h.ceph
+            .rbd(&[
+                "image-meta",
+                "set",
+                &image,
+                "rbd.csi.ceph.com/dek",
+                &wrapped,
+            ])
+            .unwrap();
+    }
+    (v, passphrase)
+}
+
+/// ceph-csi's encrypted volumes (its `metadata` KMS with a `secretName`) are taken over with
+/// their snapshots: the key, which ceph-csi wrapped with its own volume (snapshot) ID as the
+/// salt, then opens by our IDs, as our node reads it, and opens the LUKS header; ceph-csi's
+/// fields of the key are kept (the way back); our driver restores the snapshot encrypted and
+/// deletes all. What cannot work is refused and left as it was: ceph-csi's default KMS, its
+/// `metadata` KMS without `secretName`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encrypted_ceph_csi_volumes_and_snapshots_are_taken_over_with_their_keys() {
+    let h = snapshots::harness().await;
+    let config = setup(&h).await;
+    ceph_csi_snapshot_class(&h).await;
+    h.create_secret("default", KEK_SECRET, &[("encryptionPassphrase", KEK)])
+        .await;
+    let kms_config = h.dir.path().join("kms-config.json");
+    std::fs::write(
+        &kms_config,
+        json!({
+            "sealed": {"encryptionKMSType": "metadata", "secretName": KEK_SECRET},
+            "plain": {"encryptionKMSType": "metadata"},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let kms_arg = format!("--kms-config={}", kms_config.display());
+    let (v, passphrase) = ceph_csi_encrypted_volume(&h, "sealed", Some("sealed")).await;
+    let (content, snap) = ceph_csi_snapshot(&h, &v, "sealed-snap").await;
+    // ceph-csi's CreateSnapshot of an encrypted volume: the journal names the KMS, the key is
+    // wrapped again for the snapshot's ID (copyEncryptionConfig)
+    let snap_handle = ceph_csi_handle(CLUSTER_ID, pool_id(&h), &snap[9..]);
+    setomapval(
+        &h,
+        "",
+        &format!("csi.snap.{}", &snap[9..]),
+        "csi.volume.encryptKMS",
+        "sealed",
+    );
+    h.ceph
+        .rbd(&[
+            "image-meta",
+            "set",
+            &spec(&h, "", &snap),
+            "rbd.csi.ceph.com/dek",
+            &ceph_csi_wrap(&passphrase, &snap_handle),
+        ])
+        .unwrap();
+    let (default_kms, _) = ceph_csi_encrypted_volume(&h, "one-passphrase", None).await;
+    let (plain, _) = ceph_csi_encrypted_volume(&h, "storage-class-kek", Some("plain")).await;
+    let dek_before = h.image_meta(&v.image, "rbd.csi.ceph.com/dek").unwrap();
+    let journal_before = journal(&h, &v);
+
+    let out = migrate(&h, &config, &["--all", &kms_arg]);
+    let rows = report(&out);
+    assert_eq!(rows[&v.pv]["result"], "migrated", "{}", text(&out));
+    assert_eq!(
+        content_report(&out)[&content]["result"],
+        "migrated",
+        "{}",
+        text(&out)
+    );
+    let why = rows[&default_kms.pv]["detail"].as_str().unwrap();
+    assert!(why.contains("ceph-csi's default KMS"), "{why}");
+    let why = rows[&plain.pv]["detail"].as_str().unwrap();
+    assert!(
+        why.contains("\"plain\"") && why.contains("secretName"),
+        "{why}"
+    );
+    for refused in [&default_kms, &plain] {
+        assert_eq!(rows[&refused.pv]["result"], "refused");
+        let pv = h.volumes().get(&refused.pv).await.unwrap();
+        assert_eq!(pv.spec.unwrap().csi.unwrap().driver, CEPH_CSI);
+        assert_eq!(
+            h.image_meta(&refused.image, "provisioner.ceph.com/encryption-kms-id"),
+            None
+        );
+    }
+
+    // the volume: its attributes name the KMS and the tenant; the key records ceph-csi's ID as
+    // its salt, ceph-csi's fields as they were; our node's read opens the header
+    let pv = h.volumes().get(&v.pv).await.unwrap();
+    let csi = pv.spec.as_ref().unwrap().csi.as_ref().unwrap();
+    let attributes = csi.volume_attributes.as_ref().unwrap();
+    assert_eq!(attributes["encryptionKMSID"], "sealed");
+    assert_eq!(attributes["csi.storage.k8s.io/pvc/namespace"], "default");
+    let dek: Value =
+        serde_json::from_str(&h.image_meta(&v.image, "rbd.csi.ceph.com/dek").unwrap()).unwrap();
+    let before: Value = serde_json::from_str(&dek_before).unwrap();
+    assert_eq!(dek["salt"], v.handle.as_str());
+    assert_eq!(
+        (&dek["dek"], &dek["nonce"]),
+        (&before["dek"], &before["nonce"])
+    );
+    assert_eq!(
+        journal(&h, &v),
+        journal_before,
+        "ceph-csi's journal is left as it was"
+    );
+    // the way back: ceph-csi's read of the value is unchanged
+    let salted = h.image_meta(&v.image, "rbd.csi.ceph.com/dek").unwrap();
+    assert_eq!(
+        ceph_csi_unwrap(&salted, &v.handle).as_deref(),
+        Some(passphrase.as_str())
+    );
+    let key = our_key(
+        &h,
+        &kms_config,
+        "sealed",
+        &v.image,
+        &csi.volume_handle,
+        Some("default"),
+    )
+    .await;
+    assert_eq!(key.as_deref(), Some(passphrase.as_str()));
+    assert!(luks_opens(&h, &v.image, &passphrase));
+    // the snapshot: the same, by our snapshot ID
+    let ours = format!("s2/{CLUSTER_ID}/{}/{snap}", h.ceph.pool);
+    let key = our_key(&h, &kms_config, "sealed", &snap, &ours, Some("default")).await;
+    assert_eq!(key.as_deref(), Some(passphrase.as_str()));
+    // a second run changes nothing
+    let again = migrate(&h, &config, &["--pv", &v.pv, &kms_arg]);
+    assert_eq!(
+        report(&again)[&v.pv]["result"],
+        "already-migrated",
+        "{}",
+        text(&again)
+    );
+    let again = migrate(&h, &config, &["--snapshot-content", &content, &kms_arg]);
+    assert_eq!(
+        content_report(&again)[&content]["result"],
+        "already-migrated"
+    );
+
+    // our driver restores ceph-csi's snapshot encrypted, with the key, and deletes all
+    let mut params: Vec<(String, String)> =
+        translated_class(&out, CLASS)["translated"]["parameters"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+            .collect();
+    params.push(("encrypted".into(), "true".into()));
+    params.push(("encryptionKMSID".into(), "sealed".into()));
+    params.push(("pvSource".into(), "csi".into()));
+    h.create_class("ours-sealed", &params, "Delete").await;
+    let _provisioner = h.spawn(
+        &[
+            "--leader-elect=false",
+            "--pv-source=csi",
+            &format!("--cluster-config={}", config.display()),
+            &kms_arg,
+            "--retry-interval-start=200ms",
+            "--retry-interval-max=2s",
+        ],
+        &[],
+    );
+    let restore = json!({
+        "metadata": {"name": "restored", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "ours-sealed",
+                 "resources": {"requests": {"storage": "64Mi"}},
+                 "dataSource": {"apiGroup": "snapshot.storage.k8s.io",
+                                "kind": "VolumeSnapshot", "name": "sealed-snap"}},
+    });
+    h.claims()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(restore).unwrap(),
+        )
+        .await
+        .unwrap();
+    let (_, restored) = h.wait_bound("restored").await;
+    let restored_image = Harness::image_name(&restored);
+    let restored_id = restored
+        .spec
+        .as_ref()
+        .unwrap()
+        .csi
+        .as_ref()
+        .unwrap()
+        .volume_handle
+        .clone();
+    let key = our_key(
+        &h,
+        &kms_config,
+        "sealed",
+        &restored_image,
+        &restored_id,
+        Some("default"),
+    )
+    .await;
+    assert_eq!(key.as_deref(), Some(passphrase.as_str()));
+    assert!(luks_opens(&h, &restored_image, &passphrase));
+    snapshots::delete_claim(&h, "restored").await;
+    let vs_api = snapshots::snapshots(&h);
+    vs_api
+        .delete("sealed-snap", &DeleteParams::default())
+        .await
+        .unwrap();
+    snapshots::wait_gone(&h, &snapshots::contents(&h), &content).await;
+    snapshots::delete_claim(&h, &v.claim).await;
+    let images = h.images();
+    for gone in [&v.image, &snap, &restored_image] {
+        assert!(!images.contains(gone), "{gone}: {images:?}");
+    }
 }

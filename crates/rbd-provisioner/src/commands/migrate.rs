@@ -25,6 +25,7 @@
 
 pub mod apply;
 pub mod classes;
+pub mod encrypted;
 pub mod plan;
 pub mod snapshots;
 
@@ -82,6 +83,11 @@ pub struct MigrateArgs {
     /// handles. Default: /etc/ceph-csi-config/config.json if that file exists.
     #[arg(long, env = "CLUSTER_CONFIG")]
     pub cluster_config: Option<std::path::PathBuf>,
+    /// KMS configuration (ceph-csi's `config.json` of the ConfigMap
+    /// `ceph-csi-encryption-kms-config`): the entries that open the keys of ceph-csi's encrypted
+    /// volumes and snapshots, as the node plugin will.
+    #[arg(long, env = "KMS_CONFIG", default_value = rbd_volume::encryption::DEFAULT_KMS_CONFIG)]
+    pub kms_config: std::path::PathBuf,
     /// Namespace of the ConfigMaps recording each original PV.
     #[arg(long, default_value = "kube-system")]
     pub record_namespace: String,
@@ -403,6 +409,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
         from_driver: args.from_driver.clone(),
         provisioner_name: args.provisioner_name.clone(),
         cluster_config,
+        kms_config: args.kms_config.clone(),
     };
     let mut rows = Vec::new();
     for name in &names {

@@ -216,6 +216,45 @@ pub async fn is_encrypted(
         .any(|key| meta.get(*key).is_some_and(|v| !v.trim().is_empty())))
 }
 
+/// Records `salt` in the wrapped DEK stored on image `pool/image` (under the key it is stored
+/// under, [`kms::META_DEK`] or [`kms::LEGACY_META_DEK`]; see [`wrap::with_salt`]): for a volume
+/// or snapshot of ceph-csi taken over, whose key ceph-csi wrapped with its own ID as the salt.
+/// Nothing for an unwrapped key, no key, or a key that records its salt. Returns whether it
+/// wrote. Idempotent.
+///
+/// # Errors
+/// Reading or writing the image's metadata; a stored value that starts as JSON but is not
+/// the wrapped form ([`ceph_rbd::Error::InvalidArgument`] naming the key).
+pub async fn record_salt(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    salt: &str,
+) -> Result<bool, ceph_rbd::Error> {
+    let meta = cluster.metadata_list_unopened(pool, image).await?;
+    let Some((key, stored)) = [kms::META_DEK, kms::LEGACY_META_DEK]
+        .into_iter()
+        .find_map(|key| meta.get(key).filter(|v| !v.is_empty()).map(|v| (key, v)))
+    else {
+        return Ok(false);
+    };
+    if !wrap::is_wrapped(stored) {
+        return Ok(false);
+    }
+    match wrap::with_salt(stored, salt) {
+        Ok(Some(salted)) => {
+            cluster.metadata_set(pool, image, key, &salted).await?;
+            Ok(true)
+        }
+        Ok(None) => Ok(false),
+        Err(e) => Err(ceph_rbd::Error::InvalidArgument {
+            op: "record the salt of a wrapped key",
+            target: format!("{pool}/{image} metadata {key}"),
+            reason: e.to_string(),
+        }),
+    }
+}
+
 /// The KMS entry recorded on image `pool/image` ([`META_KMS_ID`]), if any.
 ///
 /// # Errors

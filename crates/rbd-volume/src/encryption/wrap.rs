@@ -98,6 +98,26 @@ pub fn wrap(dek: &Dek, passphrase: &[u8], salt: &str) -> Result<String, WrapErro
     wrap_with_nonce(dek, passphrase, salt, nonce)
 }
 
+/// `stored` with `salt` recorded in it, for a key ceph-csi wrapped (it records none, its salt
+/// being the volume ID it reads the key by): once a volume is read by another ID (this
+/// driver's handle), the salt must travel with the value. `None` when `stored` records a salt
+/// already. The sealed key and its nonce are kept as they are, so ceph-csi, which ignores the
+/// field, still reads the value.
+///
+/// # Errors
+/// [`WrapError::Malformed`] for a value that is not the wrapped form.
+pub fn with_salt(stored: &str, salt: &str) -> Result<Option<String>, WrapError> {
+    let mut wrapped: Wrapped =
+        serde_json::from_str(stored).map_err(|e| WrapError::Malformed(e.to_string()))?;
+    if wrapped.salt.is_some() {
+        return Ok(None);
+    }
+    wrapped.salt = Some(salt.to_owned());
+    serde_json::to_string(&wrapped)
+        .map(Some)
+        .map_err(|e| WrapError::Malformed(e.to_string()))
+}
+
 /// Opens a wrapped DEK: the salt recorded in it, else `default_salt` (ceph-csi's volume ID).
 ///
 /// # Errors
@@ -153,6 +173,30 @@ mod tests {
             unwrap(CEPH_CSI_WRAPPED, b"a-passphrase-from-a-secret", "other-id").err(),
             Some(WrapError::WrongKek)
         );
+    }
+
+    #[test]
+    fn a_key_wrapped_by_ceph_csi_opens_by_another_id_once_its_salt_is_recorded() {
+        let salted = with_salt(CEPH_CSI_WRAPPED, CEPH_CSI_VOLUME_ID)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let opened = unwrap(&salted, b"a-passphrase-from-a-secret", "0001-another-id");
+        assert_eq!(
+            opened.as_ref().map(Dek::expose).ok(),
+            Some("Zm9vYmFyYmF6cXV4cXV1eC0xMjM0NTY3OA==")
+        );
+        // ceph-csi's fields are kept as they were
+        let before: serde_json::Value = serde_json::from_str(CEPH_CSI_WRAPPED).unwrap_or_default();
+        let after: serde_json::Value = serde_json::from_str(&salted).unwrap_or_default();
+        assert_eq!(after["dek"], before["dek"]);
+        assert_eq!(after["nonce"], before["nonce"]);
+        // a recorded salt is not replaced
+        assert_eq!(with_salt(&salted, "other").ok(), Some(None));
+        assert!(matches!(
+            with_salt("0123abcd", "s"),
+            Err(WrapError::Malformed(_))
+        ));
     }
 
     #[test]

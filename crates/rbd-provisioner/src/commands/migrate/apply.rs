@@ -3,6 +3,8 @@
 //! The replacement is crash-safe (see the parent module). Each step is a crash point
 //! (`RBD_PROVISIONER_CRASH_AT`, `crashpoint.rs`):
 //!
+//! - `migrate-after-key-salt`: an encrypted volume's wrapped key records ceph-csi's ID as its
+//!   salt (ceph-csi reads it as before), nothing else changed;
 //! - `migrate-after-owner-record`: the image has our owner record, nothing else changed;
 //! - `migrate-after-record`: the original PV is recorded in its ConfigMap;
 //! - `migrate-after-retain`: the old PV's reclaim policy is `Retain`;
@@ -60,6 +62,8 @@ pub struct Context {
     pub provisioner_name: String,
     /// The cluster config (ceph-csi's `config.json`) naming ceph-csi's cluster IDs.
     pub cluster_config: Option<std::sync::Arc<rbd_volume::ClusterConfigFile>>,
+    /// The KMS configuration that opens the keys of encrypted volumes (`--kms-config`).
+    pub kms_config: std::path::PathBuf,
 }
 
 /// A record's state.
@@ -643,12 +647,30 @@ async fn migrate_ceph_csi(
             ),
         ));
     }
-    if let Some(kms) = &entry.encrypt_kms {
-        return Ok(refuse(
-            &row,
-            format!("the volume is encrypted (KMS {kms:?}): not migrated yet"),
-        ));
-    }
+    let old_id = volume.handle.encode();
+    let encrypted = match &entry.encrypt_kms {
+        None => None,
+        Some(kms) => {
+            if let Some(why) = encryption_context_refusal(&pv, kms) {
+                return Ok(refuse(&row, why));
+            }
+            let tenant = plan::csi_attribute(&pv, rbd_volume::encryption::PARAM_TENANT)
+                .or(entry.owner.clone());
+            match super::encrypted::check(
+                ctx,
+                &cluster,
+                (&pool, &image),
+                (kms, entry.encryption_type.as_deref()),
+                &old_id,
+                tenant.as_deref(),
+            )
+            .await?
+            {
+                Ok(encrypted) => Some(encrypted),
+                Err(why) => return Ok(refuse(&row, why)),
+            }
+        }
+    };
     let meta = match image_refusal(
         ctx,
         &cluster,
@@ -667,12 +689,15 @@ async fn migrate_ceph_csi(
         .as_ref()
         .and_then(recorded_policy)
         .unwrap_or_else(|| policy_of(&pv));
-    let new_pv =
+    let mut new_pv =
         match plan::ceph_csi_replacement(&pv, &volume, &ctx.driver, &ctx.provisioner_name, &policy)
         {
             Ok(p) => p,
             Err(e) => return Ok(refuse(&row, e)),
         };
+    if let Some(tenant) = encrypted.as_ref().and_then(|e| e.tenant.as_deref()) {
+        plan::add_attribute(&mut new_pv, rbd_volume::encryption::PARAM_TENANT, tenant);
+    }
     if ctx.dry_run {
         row.detail = "checks passed".into();
         row.new_pv = Some(new_pv);
@@ -685,9 +710,52 @@ async fn migrate_ceph_csi(
         provisioner: ctx.identity.clone(),
         kube_cluster: ctx.kube_cluster.clone(),
     };
-    record_entries(&cluster, &pool, &image, &meta, &owner.entries()).await?;
+    let mut entries = owner.entries();
+    if let Some(encrypted) = &encrypted {
+        let new_id = plan::volume_handle(&new_pv).unwrap_or_default();
+        super::encrypted::take_over_key(
+            ctx,
+            &cluster,
+            (&pool, &image),
+            encrypted,
+            &old_id,
+            &new_id,
+        )
+        .await?;
+        crashpoint::hit("migrate-after-key-salt");
+        entries.extend(encrypted.entries());
+    }
+    record_entries(&cluster, &pool, &image, &meta, &entries).await?;
     crashpoint::hit("migrate-after-owner-record");
     replace(ctx, name, &pv, record, &new_pv, &legacy, row.image).await
+}
+
+/// Why ceph-csi's volume context on `pv` does not name the volume's KMS entry `kms` (its
+/// journal's) as our node reads it: `encrypted: "true"` and `encryptionKMSID`.
+fn encryption_context_refusal(pv: &PersistentVolume, kms: &str) -> Option<String> {
+    let attributes = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .and_then(|c| c.volume_attributes.clone())
+        .unwrap_or_default();
+    use rbd_volume::encryption::{PARAM_ENCRYPTED, PARAM_KMS_ID};
+    let get = |key: &str| attributes.get(key).map(|v| v.trim().to_owned());
+    if !get(PARAM_ENCRYPTED).is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        return Some(format!(
+            "ceph-csi's journal says the volume is encrypted (KMS {kms:?}), its \
+             spec.csi.volumeAttributes.{PARAM_ENCRYPTED} does not say \"true\""
+        ));
+    }
+    match get(PARAM_KMS_ID) {
+        Some(id) if id == kms => None,
+        None if kms == "default" => None,
+        other => Some(format!(
+            "ceph-csi's journal gives the volume KMS {kms:?}, its \
+             spec.csi.volumeAttributes.{PARAM_KMS_ID} {:?}",
+            other.unwrap_or_default()
+        )),
+    }
 }
 
 /// Steps 2 to 6 (see the parent module): the original PV recorded, replaced by `new_pv`, the

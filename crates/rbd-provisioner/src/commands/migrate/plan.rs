@@ -431,6 +431,36 @@ pub fn ceph_csi_replacement(
     Ok(new_pv(old, annotations, spec))
 }
 
+/// `spec.csi.volumeAttributes[key]` of `pv`, when set and not empty.
+#[must_use]
+pub fn csi_attribute(pv: &PersistentVolume, key: &str) -> Option<String> {
+    pv.spec
+        .as_ref()?
+        .csi
+        .as_ref()?
+        .volume_attributes
+        .as_ref()?
+        .get(key)
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+/// Sets `spec.csi.volumeAttributes[key]` of `pv` unless it is set.
+pub fn add_attribute(pv: &mut PersistentVolume, key: &str, value: &str) {
+    if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+        csi.volume_attributes
+            .get_or_insert_with(Default::default)
+            .entry(key.to_owned())
+            .or_insert_with(|| value.to_owned());
+    }
+}
+
+/// `spec.csi.volumeHandle` of `pv`.
+#[must_use]
+pub fn volume_handle(pv: &PersistentVolume) -> Option<String> {
+    Some(pv.spec.as_ref()?.csi.as_ref()?.volume_handle.clone())
+}
+
 /// The old PV's source as the replacement needs it: an in-tree `rbd` source, or a volume of
 /// ceph-csi's driver `from_driver`.
 pub fn original(pv: &PersistentVolume, from_driver: &str) -> Result<Legacy, String> {

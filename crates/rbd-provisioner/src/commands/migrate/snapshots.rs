@@ -16,6 +16,9 @@
 //! 3. its `status.snapshotHandle` becomes our snapshot ID;
 //! 4. its `spec.driver` becomes ours.
 //!
+//! A snapshot of an encrypted volume has, first, its key's salt recorded (see
+//! [`super::encrypted`]; crash point `migrate-snapshot-after-key-salt`).
+//!
 //! Each step is a crash point (`migrate-snapshot-after-owner-record`, `-after-annotations`,
 //! `-after-status`); a run killed anywhere is finished by the next one (the handle is then read
 //! from the annotation). A pre-provisioned content (`spec.source.snapshotHandle`, immutable)
@@ -226,12 +229,6 @@ async fn inner(ctx: &Context, name: &str) -> Result<Row, String> {
         ));
     };
     row.image = format!("{pool_spec}/{}", entry.image);
-    if let Some(kms) = &entry.encrypt_kms {
-        return Ok(refuse(
-            &row,
-            format!("the snapshot is of an encrypted volume (KMS {kms:?}): not taken over yet"),
-        ));
-    }
     if !ceph_csi::is_snapshot_image(&entry.image) {
         return Ok(refuse(
             &row,
@@ -299,6 +296,26 @@ async fn inner(ctx: &Context, name: &str) -> Result<Row, String> {
             ),
         ));
     }
+    // a snapshot of an encrypted volume: its image holds the volume's key, wrapped by ceph-csi
+    // with the snapshot's ID as the salt; the claim's namespace is ceph-csi's tenant
+    let encrypted = match &entry.encrypt_kms {
+        None => None,
+        Some(kms) => {
+            match super::encrypted::check(
+                ctx,
+                &cluster,
+                (&pool_spec, &image),
+                (kms, None),
+                &old_handle,
+                r.namespace.as_deref(),
+            )
+            .await?
+            {
+                Ok(encrypted) => Some(encrypted),
+                Err(why) => return Ok(refuse(&row, why)),
+            }
+        }
+    };
     if ctx.dry_run {
         row.detail = "checks passed".into();
         row.new_object = Some(json!({
@@ -315,7 +332,21 @@ async fn inner(ctx: &Context, name: &str) -> Result<Row, String> {
         driver: ctx.driver.clone(),
         kube_cluster: ctx.kube_cluster.clone(),
     };
-    super::apply::record_entries(&cluster, &pool_spec, &image, &meta, &owner.entries()).await?;
+    let mut entries = owner.entries();
+    if let Some(encrypted) = &encrypted {
+        super::encrypted::take_over_key(
+            ctx,
+            &cluster,
+            (&pool_spec, &image),
+            encrypted,
+            &old_handle,
+            &new_handle,
+        )
+        .await?;
+        crashpoint::hit("migrate-snapshot-after-key-salt");
+        entries.extend(encrypted.entries());
+    }
+    super::apply::record_entries(&cluster, &pool_spec, &image, &meta, &entries).await?;
     crashpoint::hit("migrate-snapshot-after-owner-record");
     // 2. the way back, on the content
     let api = contents(ctx);
