@@ -2003,3 +2003,157 @@ fn guest_secret_kms_volumes_stage_through_luks_and_a_changed_kek_leaves_the_head
         assert!(luks && after == header, "the LUKS header changed");
     });
 }
+
+/// A volume ceph-csi encrypted (its `metadata` KMS with a `secretName`), taken over: ceph-csi's
+/// node plugin's first stage as it runs it (krbd map, `cryptsetup luksFormat --type luks2
+/// --hash sha256`, open, mkfs, a file written), its key wrapped with ceph-csi's volume ID as the
+/// salt (ceph-csi's `EncryptDEK`, in Python). Our node plugin cannot open it by our volume ID
+/// until `migrate`'s step records ceph-csi's ID as the key's salt
+/// (`rbd_volume::encryption::record_salt`); then it stages it through LUKS and the file reads
+/// back with the same md5.
+#[test]
+#[ignore = "runs inside the VM: vm_suite"]
+fn guest_a_ceph_csi_encrypted_volume_taken_over_stages_and_reads_the_same_bytes() {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use kube::api::{Api, PostParams};
+    const KEK: &str = "the passphrase of ceph-csi's secret";
+    const CEPH_CSI_ID: &str =
+        "0001-0009-rook-ceph-0000000000000001-6a1c55b2-2f4e-4c8e-9a77-0d3e1f0b7c21";
+    guest(|| async {
+        let emulator = kube_emulator::Emulator::new();
+        let server = emulator
+            .serve("127.0.0.1:0".parse().expect("address"))
+            .await
+            .expect("serving the emulator");
+        let dir = plugin_dir("crypt-ceph-csi");
+        let kubeconfig = dir.join("kubeconfig");
+        server
+            .write_kubeconfig(&kubeconfig)
+            .expect("writing the kubeconfig");
+        let client = emulator.client();
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "kms"}}))
+                .expect("namespace");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("creating namespace kms");
+        let kek: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "kek", "namespace": "kms"},
+            "stringData": {"encryptionPassphrase": KEK},
+        }))
+        .expect("secret");
+        Api::<Secret>::namespaced(client.clone(), "kms")
+            .create(&PostParams::default(), &kek)
+            .await
+            .expect("creating the key-encryption Secret");
+        let config = dir.join("kms.json");
+        std::fs::write(
+            &config,
+            r#"{"ceph-csi": {"encryptionKMSType": "metadata", "secretName": "kek", "secretNamespace": "kms"}}"#,
+        )
+        .expect("kms config");
+
+        let mut vol = Volume::new("ceph-csi-crypt", "krbd", 64).await;
+        let conf = vol.cluster.conf_path.display().to_string();
+        // ceph-csi's passphrase (generateNewEncryptionPassphrase: URL-safe base64) and its first
+        // stage of the volume
+        let passphrase = "q0dXq8N3cZ6tH1vJmWf2Lr9yYkA=";
+        let mnt = dir.join("ceph-csi-mount");
+        let md5 = sh(&format!(
+            "set -e
+dev=$(rbd -c {conf} map -o ms_mode=prefer-crc {spec})
+printf %s '{passphrase}' | cryptsetup -q luksFormat --type luks2 --hash sha256 --pbkdf-memory 32768 \"$dev\" -d -
+printf %s '{passphrase}' | cryptsetup luksOpen \"$dev\" luks-rbd-ceph-csi -d -
+mkfs.ext4 -q /dev/mapper/luks-rbd-ceph-csi
+mkdir -p {mnt}
+mount /dev/mapper/luks-rbd-ceph-csi {mnt}
+head -c 3000000 /dev/urandom > {mnt}/data
+md5sum < {mnt}/data
+umount {mnt}
+cryptsetup luksClose luks-rbd-ceph-csi
+rbd -c {conf} unmap \"$dev\"",
+            spec = vol.spec(),
+            mnt = mnt.display(),
+        ));
+        // ceph-csi's metadata: encrypted, the key wrapped with its volume ID as the salt
+        let wrapped = Command::new("/usr/bin/python3")
+            .args([
+                "-c",
+                "import sys, os, json, base64, hashlib
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+dek, kek, salt = sys.argv[1:4]
+key = hashlib.scrypt(kek.encode(), salt=salt.encode(), n=32768, r=8, p=1, maxmem=64 << 20, dklen=32)
+nonce = os.urandom(12)
+sealed = AESGCM(key).encrypt(nonce, dek.encode(), None)
+print(json.dumps({'dek': base64.b64encode(sealed).decode(), 'nonce': base64.b64encode(nonce).decode()}))
+",
+                passphrase,
+                KEK,
+                CEPH_CSI_ID,
+            ])
+            .output()
+            .expect("python3");
+        assert!(
+            wrapped.status.success(),
+            "wrapping the key as ceph-csi does"
+        );
+        let wrapped = String::from_utf8_lossy(&wrapped.stdout).trim().to_owned();
+        for (key, value) in [
+            ("rbd.csi.ceph.com/encrypted", "encrypted"),
+            ("rbd.csi.ceph.com/dek", wrapped.as_str()),
+        ] {
+            vol.rados
+                .metadata_set(&vol.cluster.pool, &vol.image, key, value)
+                .await
+                .expect("ceph-csi's image metadata");
+        }
+        for (k, v) in [
+            ("encrypted", "true"),
+            ("encryptionType", "block"),
+            ("encryptionKMSID", "ceph-csi"),
+        ] {
+            vol.context.insert(k.to_owned(), v.to_owned());
+        }
+        let plugin = Plugin::start(
+            &dir,
+            &[
+                &format!("--kms-config={}", config.display()),
+                &format!("--kubeconfig={}", kubeconfig.display()),
+            ],
+        );
+        let mut node = plugin.client().await;
+        // by our volume ID, ceph-csi's salt does not open the key
+        let err = vol
+            .stage(&mut node)
+            .await
+            .expect_err("stage before the salt is recorded");
+        assert!(
+            err.message().contains("does not unwrap"),
+            "{}",
+            err.message()
+        );
+        assert!(krbd_devices().is_empty(), "a failed stage left a mapping");
+        // migrate's step
+        assert!(
+            rbd_volume::encryption::record_salt(
+                &vol.rados,
+                &vol.cluster.pool,
+                &vol.image,
+                CEPH_CSI_ID
+            )
+            .await
+            .expect("recording the salt")
+        );
+        vol.attach(&mut node, false).await;
+        let device = vol.device().display().to_string();
+        assert!(
+            device.starts_with("/dev/mapper/rbd-csi-"),
+            "staged on {device} (expected the LUKS device)"
+        );
+        let read = sh(&format!("md5sum < {}", vol.target().join("data").display()));
+        assert_eq!(read, md5, "the file reads back with the same md5");
+        vol.detach(&mut node).await;
+        assert_eq!(dm_devices(), 0, "unstage left a LUKS device open");
+    });
+}
