@@ -185,16 +185,15 @@ async fn ceph_csi_volume(
     journal: bool,
     tweak: impl FnOnce(&mut Value),
 ) -> CephCsiVolume {
-    ceph_csi_volume_in(h, claim, CLUSTER_ID, "", journal, tweak).await
+    ceph_csi_volume_in(h, claim, (CLUSTER_ID, "", CLASS), journal, tweak).await
 }
 
 /// [`ceph_csi_volume`] in the RADOS namespace `ns` of a cluster ID whose `rbd.radosNamespace`
-/// it is.
+/// it is, of StorageClass `class`.
 async fn ceph_csi_volume_in(
     h: &Harness,
     claim: &str,
-    cluster_id: &str,
-    ns: &str,
+    (cluster_id, ns, class): (&str, &str, &str),
     journal: bool,
     tweak: impl FnOnce(&mut Value),
 ) -> CephCsiVolume {
@@ -210,7 +209,7 @@ async fn ceph_csi_volume_in(
             &spec(h, ns, &image),
         ])
         .unwrap();
-    let c = h.create_claim(claim, CLASS, "64Mi", false).await;
+    let c = h.create_claim(claim, class, "64Mi", false).await;
     let claim_uid = c.metadata.uid.clone().unwrap();
     let pv = format!("pvc-{claim_uid}");
     if journal {
@@ -244,7 +243,7 @@ async fn ceph_csi_volume_in(
             "capacity": {"storage": "64Mi"},
             "accessModes": ["ReadWriteOnce"],
             "persistentVolumeReclaimPolicy": "Delete",
-            "storageClassName": CLASS,
+            "storageClassName": class,
             "volumeMode": "Filesystem",
             "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
                          "namespace": "default", "name": claim, "uid": claim_uid,
@@ -774,6 +773,23 @@ async fn apply_translated_class(h: &Harness, translated: &Value) {
         .unwrap();
 }
 
+/// `v`'s claim asks for 128 MiB; our provisioner grows the image.
+async fn grow_to_128_mib(h: &Harness, v: &CephCsiVolume) {
+    let grow = json!({"spec": {"resources": {"requests": {"storage": "128Mi"}}}});
+    h.claims()
+        .patch(
+            &v.claim,
+            &Default::default(),
+            &kube::api::Patch::Merge(&grow),
+        )
+        .await
+        .unwrap();
+    h.until("the migrated image grown", snapshots::WAIT, || async {
+        (h.image_size(&v.image) == 128 << 20).then_some(())
+    })
+    .await;
+}
+
 fn file_data(seed: u32) -> Vec<u8> {
     (0..1u32 << 20)
         .map(|i| u8::try_from((i + seed) % 251).unwrap())
@@ -925,19 +941,7 @@ async fn ceph_csi_snapshots_are_taken_over_and_our_driver_serves_them() {
         "the restore holds the snapshot's bytes"
     );
     // expansion of the migrated volume
-    let grow = json!({"spec": {"resources": {"requests": {"storage": "128Mi"}}}});
-    h.claims()
-        .patch(
-            &v.claim,
-            &Default::default(),
-            &kube::api::Patch::Merge(&grow),
-        )
-        .await
-        .unwrap();
-    h.until("the migrated image grown", snapshots::WAIT, || async {
-        (h.image_size(&v.image) == 128 << 20).then_some(())
-    })
-    .await;
+    grow_to_128_mib(&h, &v).await;
     // a snapshot and a clone of the migrated volume by our driver
     snapshots::create_snapshot(&h, "after", &v.claim).await;
     snapshots::wait_ready(&h, "after").await;
@@ -994,7 +998,7 @@ async fn a_namespaced_ceph_csi_volume_keeps_its_namespace() {
         .to_string(),
     )
     .unwrap();
-    let v = ceph_csi_volume_in(&h, "tenant-data", cluster, &ns, true, |_| {}).await;
+    let v = ceph_csi_volume_in(&h, "tenant-data", (cluster, &ns, CLASS), true, |_| {}).await;
     let plugin = node::NodePlugin::start_args(
         &h.dir.path().join("node"),
         "node-1",
@@ -1060,6 +1064,8 @@ async fn a_namespaced_ceph_csi_volume_keeps_its_namespace() {
 }
 
 const KEK_SECRET: &str = "ceph-csi-kek";
+/// ceph-csi's encrypted StorageClass.
+const SEALED_CLASS: &str = "csi-rbd-sc-sealed";
 const KEK: &str = "a-kek-ceph-csi-and-we-share";
 
 /// `python3 -c <script> <args>`: its printed line when it succeeded.
@@ -1220,7 +1226,7 @@ async fn ceph_csi_encrypted_volume(
     claim: &str,
     kms_id: Option<&str>,
 ) -> (CephCsiVolume, String) {
-    let v = ceph_csi_volume(h, claim, true, |pv| {
+    let v = ceph_csi_volume_in(h, claim, (CLUSTER_ID, "", SEALED_CLASS), true, |pv| {
         let attributes = &mut pv["spec"]["csi"]["volumeAttributes"];
         attributes["encrypted"] = json!("true");
         if let Some(id) = kms_id {
@@ -1301,6 +1307,20 @@ async fn encrypted_ceph_csi_volumes_and_snapshots_are_taken_over_with_their_keys
     )
     .unwrap();
     let kms_arg = format!("--kms-config={}", kms_config.display());
+    // ceph-csi's encrypted class: its own, with encrypted and encryptionKMSID
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(h.client.clone());
+    let mut sealed = classes.get(CLASS).await.unwrap();
+    sealed.metadata = kube::api::ObjectMeta {
+        name: Some(SEALED_CLASS.into()),
+        ..Default::default()
+    };
+    let parameters = sealed.parameters.get_or_insert_with(Default::default);
+    parameters.insert("encrypted".into(), "true".into());
+    parameters.insert("encryptionKMSID".into(), "sealed".into());
+    classes
+        .create(&PostParams::default(), &sealed)
+        .await
+        .unwrap();
     let (v, passphrase) = ceph_csi_encrypted_volume(&h, "sealed", Some("sealed")).await;
     let (content, snap) = ceph_csi_snapshot(&h, &v, "sealed-snap").await;
     // ceph-csi's CreateSnapshot of an encrypted volume: the journal names the KMS, the key is
@@ -1408,18 +1428,15 @@ async fn encrypted_ceph_csi_volumes_and_snapshots_are_taken_over_with_their_keys
         "already-migrated"
     );
 
-    // our driver restores ceph-csi's snapshot encrypted, with the key, and deletes all
-    let mut params: Vec<(String, String)> =
-        translated_class(&out, CLASS)["translated"]["parameters"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-            .collect();
-    params.push(("encrypted".into(), "true".into()));
-    params.push(("encryptionKMSID".into(), "sealed".into()));
-    params.push(("pvSource".into(), "csi".into()));
-    h.create_class("ours-sealed", &params, "Delete").await;
+    // the user applies the printed form of ceph-csi's encrypted class; our provisioner serves
+    // the rest: a restore of ceph-csi's snapshot, a clone and a snapshot of the taken-over
+    // volume, each opened by the same key under its own ID; expansion; deletes
+    let sealed_class = translated_class(&out, SEALED_CLASS);
+    assert_eq!(sealed_class["problem"], Value::Null, "{sealed_class}");
+    let translated = &sealed_class["translated"];
+    assert_eq!(translated["parameters"]["encrypted"], "true");
+    assert_eq!(translated["parameters"]["encryptionKMSID"], "sealed");
+    apply_translated_class(&h, translated).await;
     let _provisioner = h.spawn(
         &[
             "--leader-elect=false",
@@ -1431,52 +1448,98 @@ async fn encrypted_ceph_csi_volumes_and_snapshots_are_taken_over_with_their_keys
         ],
         &[],
     );
-    let restore = json!({
-        "metadata": {"name": "restored", "namespace": "default"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "ours-sealed",
-                 "resources": {"requests": {"storage": "64Mi"}},
-                 "dataSource": {"apiGroup": "snapshot.storage.k8s.io",
-                                "kind": "VolumeSnapshot", "name": "sealed-snap"}},
-    });
-    h.claims()
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(restore).unwrap(),
-        )
+    let passphrase = passphrase.as_str();
+    let opened = |image: String, id: String| {
+        let (h, kms_config) = (&h, &kms_config);
+        async move {
+            let key = our_key(h, kms_config, "sealed", &image, &id, Some("default")).await;
+            assert_eq!(
+                key.as_deref(),
+                Some(passphrase),
+                "the key of {image} by {id}"
+            );
+            luks_opens(h, &image, passphrase)
+        }
+    };
+    snapshots::create_claim_of_class_from(
+        &h,
+        "restored",
+        SEALED_CLASS,
+        "64Mi",
+        "VolumeSnapshot",
+        "sealed-snap",
+    )
+    .await;
+    snapshots::create_claim_of_class_from(
+        &h,
+        "copy",
+        SEALED_CLASS,
+        "64Mi",
+        "PersistentVolumeClaim",
+        &v.claim,
+    )
+    .await;
+    let mut made = Vec::new();
+    for claim in ["restored", "copy"] {
+        let (_, pv) = h.wait_bound(claim).await;
+        let image = Harness::image_name(&pv);
+        let id = plan_handle(&pv);
+        assert!(opened(image.clone(), id).await, "{claim}: the header opens");
+        made.push(image);
+    }
+    snapshots::create_snapshot(&h, "ours", &v.claim).await;
+    let vs = snapshots::wait_ready(&h, "ours").await;
+    let ours_content = vs.data["status"]["boundVolumeSnapshotContentName"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let handle = snapshots::contents(&h)
+        .get(&ours_content)
         .await
-        .unwrap();
-    let (_, restored) = h.wait_bound("restored").await;
-    let restored_image = Harness::image_name(&restored);
-    let restored_id = restored
-        .spec
+        .unwrap()
+        .data["status"]["snapshotHandle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ours_image = handle.rsplit('/').next().unwrap().to_owned();
+    let key = our_key(
+        &h,
+        &kms_config,
+        "sealed",
+        &ours_image,
+        &handle,
+        Some("default"),
+    )
+    .await;
+    assert_eq!(key.as_deref(), Some(passphrase));
+    made.push(ours_image);
+    grow_to_128_mib(&h, &v).await;
+
+    let vs_api = snapshots::snapshots(&h);
+    for (snapshot, content) in [("sealed-snap", &content), ("ours", &ours_content)] {
+        vs_api
+            .delete(snapshot, &DeleteParams::default())
+            .await
+            .unwrap();
+        snapshots::wait_gone(&h, &snapshots::contents(&h), content).await;
+    }
+    for claim in ["restored", "copy", v.claim.as_str()] {
+        snapshots::delete_claim(&h, claim).await;
+    }
+    let images = h.images();
+    for gone in made.iter().chain([&v.image, &snap]) {
+        assert!(!images.contains(gone), "{gone}: {images:?}");
+    }
+}
+
+/// `spec.csi.volumeHandle` of `pv`.
+fn plan_handle(pv: &PersistentVolume) -> String {
+    pv.spec
         .as_ref()
         .unwrap()
         .csi
         .as_ref()
         .unwrap()
         .volume_handle
-        .clone();
-    let key = our_key(
-        &h,
-        &kms_config,
-        "sealed",
-        &restored_image,
-        &restored_id,
-        Some("default"),
-    )
-    .await;
-    assert_eq!(key.as_deref(), Some(passphrase.as_str()));
-    assert!(luks_opens(&h, &restored_image, &passphrase));
-    snapshots::delete_claim(&h, "restored").await;
-    let vs_api = snapshots::snapshots(&h);
-    vs_api
-        .delete("sealed-snap", &DeleteParams::default())
-        .await
-        .unwrap();
-    snapshots::wait_gone(&h, &snapshots::contents(&h), &content).await;
-    snapshots::delete_claim(&h, &v.claim).await;
-    let images = h.images();
-    for gone in [&v.image, &snap, &restored_image] {
-        assert!(!images.contains(gone), "{gone}: {images:?}");
-    }
+        .clone()
 }
