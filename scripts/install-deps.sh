@@ -7,6 +7,8 @@ set -euo pipefail
 PKGS=(
   # Ceph daemons for the micro cluster, and the client tools/libraries
   ceph-mon ceph-osd ceph-common python3-rados python3-rbd
+  # the second site of the disaster-recovery test bed: RBD mirroring's daemon
+  rbd-mirror
   # native access from Rust (bindgen needs libclang)
   librbd-dev librados-dev libclang-dev clang pkg-config
   # node data path without kernel rbd/nbd: rbd-fuse + loop devices + filesystems

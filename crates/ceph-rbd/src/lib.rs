@@ -48,6 +48,7 @@ mod header_lock;
 pub mod key;
 mod librbd_only;
 mod lifecycle;
+mod mirror;
 pub mod namespace;
 mod plain_clone;
 mod pool;
@@ -73,6 +74,10 @@ pub use first_snapshot::snapshots_without_librbd;
 pub use header_lock::{HeaderLock, Locked};
 pub use librbd_only::{ENV as LIBRBD_ONLY_ENV, librbd_only, set_librbd_only};
 pub use lifecycle::{AT_EXIT_BOUND, QUIET_BOUND, ShutdownReport, busy_calls, shutdown};
+pub use mirror::{
+    MirrorGlobalStatus, MirrorImageInfo, MirrorImageState, MirrorMode, MirrorSiteStatus,
+    MirrorStatusState,
+};
 pub use namespace::{pool_spec, split_pool_spec};
 pub use plain_clone::cloned_without_librbd;
 pub use pool::{ConnectionPool, PoolOptions};

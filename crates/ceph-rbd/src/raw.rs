@@ -13,6 +13,10 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::marker::PhantomData;
 use std::ptr;
 
+use crate::mirror::{
+    MirrorGlobalStatus, MirrorImageInfo, MirrorImageState, MirrorMode, MirrorSiteStatus,
+    MirrorStatusState,
+};
 use crate::{
     ClusterConfig, ClusterStats, CreateOptions, Error, Features, GroupSnapInfo, ImageGroupSnap,
     ImageInfo, Locker, ParentSpec, PoolStats, SnapEntry, SnapInfo, TrashEntry, Watcher,
@@ -612,6 +616,42 @@ impl IoCtx<'_> {
     }
 
     /// The pool's ID.
+    pub(crate) fn mirror_mode(&self) -> Result<MirrorMode, Error> {
+        let op = "read mirroring mode";
+        let mut mode: ffi::rbd_mirror_mode_t = ffi::rbd_mirror_mode_t_RBD_MIRROR_MODE_DISABLED;
+        // SAFETY: valid ioctx and an out-value.
+        check(
+            unsafe { ffi::rbd_mirror_mode_get(self.handle, &mut mode) },
+            op,
+            &self.pool,
+        )?;
+        match mode {
+            ffi::rbd_mirror_mode_t_RBD_MIRROR_MODE_DISABLED => Ok(MirrorMode::Disabled),
+            ffi::rbd_mirror_mode_t_RBD_MIRROR_MODE_IMAGE => Ok(MirrorMode::Image),
+            ffi::rbd_mirror_mode_t_RBD_MIRROR_MODE_POOL => Ok(MirrorMode::Pool),
+            other => Err(Error::invalid(
+                op,
+                &self.pool,
+                format!("unknown mirroring mode {other}"),
+            )),
+        }
+    }
+
+    pub(crate) fn set_mirror_mode(&self, mode: MirrorMode) -> Result<(), Error> {
+        let mode = match mode {
+            MirrorMode::Disabled => ffi::rbd_mirror_mode_t_RBD_MIRROR_MODE_DISABLED,
+            MirrorMode::Image => ffi::rbd_mirror_mode_t_RBD_MIRROR_MODE_IMAGE,
+            MirrorMode::Pool => ffi::rbd_mirror_mode_t_RBD_MIRROR_MODE_POOL,
+        };
+        // SAFETY: valid ioctx.
+        check(
+            unsafe { ffi::rbd_mirror_mode_set(self.handle, mode) },
+            "set mirroring mode",
+            &self.pool,
+        )
+        .map(drop)
+    }
+
     pub(crate) fn pool_id(&self) -> i64 {
         // SAFETY: valid ioctx.
         unsafe { ffi::rados_ioctx_get_id(self.handle) }
@@ -1916,6 +1956,159 @@ impl Image<'_> {
         };
         check(rc, op, &self.target)?;
         Ok(used)
+    }
+
+    pub(crate) fn mirror_enable(&self) -> Result<(), Error> {
+        // SAFETY: open image.
+        let rc = unsafe {
+            ffi::rbd_mirror_image_enable2(
+                self.handle,
+                ffi::rbd_mirror_image_mode_t_RBD_MIRROR_IMAGE_MODE_SNAPSHOT,
+            )
+        };
+        check(rc, "enable image mirroring", &self.target).map(drop)
+    }
+
+    pub(crate) fn mirror_disable(&self, force: bool) -> Result<(), Error> {
+        // SAFETY: open image.
+        let rc = unsafe { ffi::rbd_mirror_image_disable(self.handle, force) };
+        check(rc, "disable image mirroring", &self.target).map(drop)
+    }
+
+    pub(crate) fn mirror_promote(&self, force: bool) -> Result<(), Error> {
+        // SAFETY: open image.
+        let rc = unsafe { ffi::rbd_mirror_image_promote(self.handle, force) };
+        check(rc, "promote image", &self.target).map(drop)
+    }
+
+    pub(crate) fn mirror_demote(&self) -> Result<(), Error> {
+        // SAFETY: open image.
+        let rc = unsafe { ffi::rbd_mirror_image_demote(self.handle) };
+        check(rc, "demote image", &self.target).map(drop)
+    }
+
+    pub(crate) fn mirror_resync(&self) -> Result<(), Error> {
+        // SAFETY: open image.
+        let rc = unsafe { ffi::rbd_mirror_image_resync(self.handle) };
+        check(rc, "resync image", &self.target).map(drop)
+    }
+
+    pub(crate) fn mirror_snapshot(&self) -> Result<u64, Error> {
+        let mut id: u64 = 0;
+        // SAFETY: open image and an out-value.
+        let rc = unsafe { ffi::rbd_mirror_image_create_snapshot(self.handle, &mut id) };
+        check(rc, "create mirror snapshot", &self.target)?;
+        Ok(id)
+    }
+
+    /// Reads `info` (an `rbd_mirror_image_info_t`, as librbd fills it) into ours; releases
+    /// its strings.
+    fn owned_mirror_info(&self, info: &mut ffi::rbd_mirror_image_info_t) -> MirrorImageInfo {
+        // SAFETY: the string librbd set, valid until the cleanup below.
+        let global_id = unsafe { owned(info.global_id) };
+        let state = match info.state {
+            ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_DISABLING => MirrorImageState::Disabling,
+            ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_ENABLED => MirrorImageState::Enabled,
+            _ => MirrorImageState::Disabled,
+        };
+        let primary = info.primary;
+        // SAFETY: releases what librbd allocated in `info`, once.
+        unsafe { ffi::rbd_mirror_image_get_info_cleanup(info) };
+        MirrorImageInfo {
+            global_id,
+            state,
+            primary,
+            snapshot_mode: None,
+        }
+    }
+
+    fn mirror_snapshot_mode(&self, state: MirrorImageState) -> Result<Option<bool>, Error> {
+        if state == MirrorImageState::Disabled {
+            return Ok(None);
+        }
+        let mut mode = ffi::rbd_mirror_image_mode_t_RBD_MIRROR_IMAGE_MODE_JOURNAL;
+        // SAFETY: open image and an out-value.
+        let rc = unsafe { ffi::rbd_mirror_image_get_mode(self.handle, &mut mode) };
+        check(rc, "read image mirroring mode", &self.target)?;
+        Ok(Some(
+            mode == ffi::rbd_mirror_image_mode_t_RBD_MIRROR_IMAGE_MODE_SNAPSHOT,
+        ))
+    }
+
+    pub(crate) fn mirror_info(&self) -> Result<MirrorImageInfo, Error> {
+        let size = std::mem::size_of::<ffi::rbd_mirror_image_info_t>();
+        // SAFETY: plain C struct of a pointer, an enum and a bool: all-zero is valid.
+        let mut info: ffi::rbd_mirror_image_info_t = unsafe { std::mem::zeroed() };
+        // SAFETY: open image and an out-struct of `size` bytes; librbd allocates its string,
+        // released by `owned_mirror_info`.
+        let rc = unsafe { ffi::rbd_mirror_image_get_info(self.handle, &mut info, size) };
+        check(rc, "read image mirroring", &self.target)?;
+        let mut info = self.owned_mirror_info(&mut info);
+        info.snapshot_mode = self.mirror_snapshot_mode(info.state)?;
+        Ok(info)
+    }
+
+    pub(crate) fn mirror_global_status(&self) -> Result<MirrorGlobalStatus, Error> {
+        let size = std::mem::size_of::<ffi::rbd_mirror_image_global_status_t>();
+        // SAFETY: plain C struct of pointers, integers and a bool: all-zero is valid.
+        let mut status: ffi::rbd_mirror_image_global_status_t = unsafe { std::mem::zeroed() };
+        // SAFETY: open image and an out-struct of `size` bytes; librbd allocates its strings
+        // and site array, released by the cleanup below.
+        let rc = unsafe { ffi::rbd_mirror_image_get_global_status(self.handle, &mut status, size) };
+        check(rc, "read image mirroring status", &self.target)?;
+        let count = usize::try_from(status.site_statuses_count).unwrap_or(0);
+        let mut sites = Vec::with_capacity(count);
+        for i in 0..count {
+            // SAFETY: `site_statuses` holds `site_statuses_count` entries librbd set.
+            let site = unsafe { &*status.site_statuses.add(i) };
+            let state = match site.state {
+                ffi::rbd_mirror_image_status_state_t_MIRROR_IMAGE_STATUS_STATE_ERROR => {
+                    MirrorStatusState::Error
+                }
+                ffi::rbd_mirror_image_status_state_t_MIRROR_IMAGE_STATUS_STATE_SYNCING => {
+                    MirrorStatusState::Syncing
+                }
+                ffi::rbd_mirror_image_status_state_t_MIRROR_IMAGE_STATUS_STATE_STARTING_REPLAY => {
+                    MirrorStatusState::StartingReplay
+                }
+                ffi::rbd_mirror_image_status_state_t_MIRROR_IMAGE_STATUS_STATE_REPLAYING => {
+                    MirrorStatusState::Replaying
+                }
+                ffi::rbd_mirror_image_status_state_t_MIRROR_IMAGE_STATUS_STATE_STOPPING_REPLAY => {
+                    MirrorStatusState::StoppingReplay
+                }
+                ffi::rbd_mirror_image_status_state_t_MIRROR_IMAGE_STATUS_STATE_STOPPED => {
+                    MirrorStatusState::Stopped
+                }
+                _ => MirrorStatusState::Unknown,
+            };
+            sites.push(MirrorSiteStatus {
+                // SAFETY: strings librbd set, valid until the cleanup.
+                mirror_uuid: unsafe { owned(site.mirror_uuid) },
+                state,
+                // SAFETY: as above.
+                description: unsafe { owned(site.description) },
+                last_update: site.last_update,
+                up: site.up,
+            });
+        }
+        // SAFETY: the info part's strings, read before the cleanup releases them.
+        let global_id = unsafe { owned(status.info.global_id) };
+        let state = match status.info.state {
+            ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_DISABLING => MirrorImageState::Disabling,
+            ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_ENABLED => MirrorImageState::Enabled,
+            _ => MirrorImageState::Disabled,
+        };
+        let primary = status.info.primary;
+        // SAFETY: releases what librbd allocated in `status` (its info included), once.
+        unsafe { ffi::rbd_mirror_image_global_status_cleanup(&mut status) };
+        let info = MirrorImageInfo {
+            global_id,
+            state,
+            primary,
+            snapshot_mode: self.mirror_snapshot_mode(state)?,
+        };
+        Ok(MirrorGlobalStatus { info, sites })
     }
 
     pub(crate) fn flatten(&self) -> Result<(), Error> {

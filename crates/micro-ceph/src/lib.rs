@@ -260,6 +260,152 @@ impl MicroCeph {
             .ok()
     }
 
+    /// Starts an `rbd-mirror` daemon (Debian's `rbd-mirror` package) for this cluster, as
+    /// `client.admin`: it replays the images of this cluster's mirrored pools from their peers
+    /// ([`MicroCeph::peer_mirroring`]). Its pid file is `run/rbd-mirror.admin.pid`, so the
+    /// cluster's stop (and its guardian, when the test process dies) stops it too; its log is
+    /// `log/rbd-mirror.log`. Returns once the daemon runs.
+    ///
+    /// # Errors
+    /// The daemon could not be started (not installed, or it exited).
+    pub fn start_rbd_mirror(&self) -> Result<(), Error> {
+        let pid_file = self.dir.join("run").join("rbd-mirror.admin.pid");
+        let _ = std::fs::remove_file(&pid_file);
+        let log_dir = self.dir.join("log");
+        std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
+            what: format!("creating {}", log_dir.display()),
+            source,
+        })?;
+        // CEPH_CONF: the daemon opens a second connection to its own cluster per pool, which
+        // reads only the default configuration paths
+        let out = Command::new("rbd-mirror")
+            .arg("--conf")
+            .arg(&self.conf_path)
+            .args(["--id", "admin", "--pid-file"])
+            .arg(&pid_file)
+            .arg("--log-file")
+            .arg(log_dir.join("rbd-mirror.log"))
+            .env("CEPH_CONF", &self.conf_path)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| Error::Io {
+                what: "running rbd-mirror (the rbd-mirror package)".into(),
+                source,
+            })?;
+        if !out.status.success() {
+            return Err(Error::StartFailed {
+                status: out.status.to_string(),
+                output: format!(
+                    "rbd-mirror: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            });
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if self
+                .daemon_pid("rbd-mirror.admin")
+                .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+            {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Err(Error::StartFailed {
+            status: "no pid file within 20 s".into(),
+            output: format!(
+                "rbd-mirror: see {}",
+                log_dir.join("rbd-mirror.log").display()
+            ),
+        })
+    }
+
+    /// Kills this cluster's `rbd-mirror` daemon with `SIGKILL` (a site lost at once) and waits
+    /// until it is gone. Nothing when none runs.
+    pub fn kill_rbd_mirror(&self) {
+        let Some(pid) = self.daemon_pid("rbd-mirror.admin") else {
+            return;
+        };
+        // SAFETY: kill(2) with a pid read from the cluster's own pid file; no memory is involved.
+        if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+            return;
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+            // gone, or a zombie its parent (init) has not reaped yet
+            if state.is_none_or(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(self.dir.join("run").join("rbd-mirror.admin.pid"));
+    }
+
+    /// Makes this cluster (site `site`) and `peer` (site `peer_site`) mirroring peers of each
+    /// other for pool `pool`, which both have: image mode on both sides, then `rbd mirror pool
+    /// peer bootstrap create` here and `import` there (direction rx-tx), as an operator does.
+    ///
+    /// # Errors
+    /// A CLI step failed.
+    pub fn peer_mirroring(
+        &self,
+        site: &str,
+        peer: &MicroCeph,
+        peer_site: &str,
+        pool: &str,
+    ) -> Result<(), Error> {
+        self.rbd(&[
+            "mirror",
+            "pool",
+            "enable",
+            "--site-name",
+            site,
+            pool,
+            "image",
+        ])?;
+        peer.rbd(&[
+            "mirror",
+            "pool",
+            "enable",
+            "--site-name",
+            peer_site,
+            pool,
+            "image",
+        ])?;
+        let token = self.rbd(&[
+            "mirror",
+            "pool",
+            "peer",
+            "bootstrap",
+            "create",
+            "--site-name",
+            site,
+            pool,
+        ])?;
+        let path = peer.dir.join(format!("bootstrap-{site}.token"));
+        std::fs::write(&path, token.trim()).map_err(|source| Error::Io {
+            what: format!("writing {}", path.display()),
+            source,
+        })?;
+        let imported = peer.rbd(&[
+            "mirror",
+            "pool",
+            "peer",
+            "bootstrap",
+            "import",
+            "--site-name",
+            peer_site,
+            "--direction",
+            "rx-tx",
+            pool,
+            &path.display().to_string(),
+        ]);
+        let _ = std::fs::remove_file(&path);
+        imported.map(drop)
+    }
+
     /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) a daemon, to simulate an unreachable cluster.
     /// A freeze returns once every thread of the daemon is stopped (the signal reaches each
     /// thread when it next runs: until then a busy daemon can still answer a request sent
