@@ -34,6 +34,14 @@ mod ffi {
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 }
 
+fn mirror_image_state(state: ffi::rbd_mirror_image_state_t) -> MirrorImageState {
+    match state {
+        ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_DISABLING => MirrorImageState::Disabling,
+        ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_ENABLED => MirrorImageState::Enabled,
+        _ => MirrorImageState::Disabled,
+    }
+}
+
 fn cstring(value: &str, op: &'static str, target: &str) -> Result<CString, Error> {
     CString::new(value).map_err(|_| Error::invalid(op, target, "name contains a NUL byte"))
 }
@@ -2006,11 +2014,7 @@ impl Image<'_> {
     fn owned_mirror_info(&self, info: &mut ffi::rbd_mirror_image_info_t) -> MirrorImageInfo {
         // SAFETY: the string librbd set, valid until the cleanup below.
         let global_id = unsafe { owned(info.global_id) };
-        let state = match info.state {
-            ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_DISABLING => MirrorImageState::Disabling,
-            ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_ENABLED => MirrorImageState::Enabled,
-            _ => MirrorImageState::Disabled,
-        };
+        let state = mirror_image_state(info.state);
         let primary = info.primary;
         // SAFETY: releases what librbd allocated in `info`, once.
         unsafe { ffi::rbd_mirror_image_get_info_cleanup(info) };
@@ -2094,11 +2098,7 @@ impl Image<'_> {
         }
         // SAFETY: the info part's strings, read before the cleanup releases them.
         let global_id = unsafe { owned(status.info.global_id) };
-        let state = match status.info.state {
-            ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_DISABLING => MirrorImageState::Disabling,
-            ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_ENABLED => MirrorImageState::Enabled,
-            _ => MirrorImageState::Disabled,
-        };
+        let state = mirror_image_state(status.info.state);
         let primary = status.info.primary;
         // SAFETY: releases what librbd allocated in `status` (its info included), once.
         unsafe { ffi::rbd_mirror_image_global_status_cleanup(&mut status) };

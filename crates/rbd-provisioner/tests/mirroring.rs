@@ -120,6 +120,22 @@ async fn replicated(from: &MicroCeph, to: &MicroCeph, image: &str, snap: u64, wh
     .await;
 }
 
+/// Promotes `image` on `site` (without force) once its copy has the peer's demotion: librbd
+/// refuses until then.
+async fn promote_once_demoted(
+    site: &Arc<ceph_rbd::Cluster>,
+    ceph: &MicroCeph,
+    image: &str,
+    what: &str,
+) {
+    until(what, || {
+        let site = site.clone();
+        let pool = ceph.pool.clone();
+        async move { site.mirror_image_promote(&pool, image, false).await.ok() }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
     let (a, b) = tokio::task::spawn_blocking(|| {
@@ -160,11 +176,12 @@ async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
 
     // planned failover: demote a, promote b once it has the demotion; writes on b reach a
     site_a.mirror_image_demote(&a.pool, image).await.unwrap();
-    until("site-b promoted after site-a's demotion", || {
-        let site_b = site_b.clone();
-        let pool = b.pool.clone();
-        async move { site_b.mirror_image_promote(&pool, image, false).await.ok() }
-    })
+    promote_once_demoted(
+        &site_b,
+        &b,
+        image,
+        "site-b promoted after site-a's demotion",
+    )
     .await;
     assert!(
         site_b
@@ -186,11 +203,12 @@ async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
 
     // failback: demote b, promote a
     site_b.mirror_image_demote(&b.pool, image).await.unwrap();
-    until("site-a promoted again after site-b's demotion", || {
-        let site_a = site_a.clone();
-        let pool = a.pool.clone();
-        async move { site_a.mirror_image_promote(&pool, image, false).await.ok() }
-    })
+    promote_once_demoted(
+        &site_a,
+        &a,
+        image,
+        "site-a promoted after site-b's demotion",
+    )
     .await;
     write(&a, image, 24 << 20, 4);
     let snap = site_a.mirror_image_snapshot(&a.pool, image).await.unwrap();
