@@ -76,7 +76,7 @@ pub use librbd_only::{ENV as LIBRBD_ONLY_ENV, librbd_only, set_librbd_only};
 pub use lifecycle::{AT_EXIT_BOUND, QUIET_BOUND, ShutdownReport, busy_calls, shutdown};
 pub use mirror::{
     MirrorGlobalStatus, MirrorImageInfo, MirrorImageState, MirrorMode, MirrorSiteStatus,
-    MirrorStatusState,
+    MirrorSnapshot, MirrorStatusState,
 };
 pub use namespace::{pool_spec, split_pool_spec};
 pub use plain_clone::cloned_without_librbd;

@@ -102,6 +102,20 @@ pub struct MirrorGlobalStatus {
     pub sites: Vec<MirrorSiteStatus>,
 }
 
+/// A mirror snapshot of an image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MirrorSnapshot {
+    pub id: u64,
+    /// When it was taken (seconds since the epoch).
+    pub created: i64,
+    /// Taken on the primary copy (`false`: replayed onto a non-primary one).
+    pub primary: bool,
+    /// The snapshot a demotion takes.
+    pub demoted: bool,
+    /// On a non-primary copy: the replay of the primary's snapshot is complete.
+    pub complete: bool,
+}
+
 impl Cluster {
     /// The mirroring mode of pool `pool` (a `pool/namespace` spec: the namespace's).
     ///
@@ -213,6 +227,21 @@ impl Cluster {
             }),
             other => other,
         }
+    }
+
+    /// The mirror snapshots of `pool/image`, oldest first.
+    ///
+    /// # Errors
+    /// Ceph errors.
+    pub async fn mirror_snapshots(
+        &self,
+        pool: &str,
+        image: &str,
+    ) -> Result<Vec<MirrorSnapshot>, Error> {
+        self.with_image("list mirror snapshots", pool, image, true, |img| {
+            img.mirror_snapshots()
+        })
+        .await
     }
 
     /// The mirroring of `pool/image`.

@@ -15,7 +15,7 @@ use std::ptr;
 
 use crate::mirror::{
     MirrorGlobalStatus, MirrorImageInfo, MirrorImageState, MirrorMode, MirrorSiteStatus,
-    MirrorStatusState,
+    MirrorSnapshot, MirrorStatusState,
 };
 use crate::{
     ClusterConfig, ClusterStats, CreateOptions, Error, Features, GroupSnapInfo, ImageGroupSnap,
@@ -2037,6 +2037,58 @@ impl Image<'_> {
         Ok(Some(
             mode == ffi::rbd_mirror_image_mode_t_RBD_MIRROR_IMAGE_MODE_SNAPSHOT,
         ))
+    }
+
+    /// The image's mirror snapshots, oldest first.
+    pub(crate) fn mirror_snapshots(&self) -> Result<Vec<MirrorSnapshot>, Error> {
+        let op = "list mirror snapshots";
+        let mut list = Vec::new();
+        for (id, _, _) in self.snap_entries(op)? {
+            if self.snap_namespace(id, op)?
+                != Some(ffi::rbd_snap_namespace_type_t_RBD_SNAP_NAMESPACE_TYPE_MIRROR)
+            {
+                continue;
+            }
+            let size = std::mem::size_of::<ffi::rbd_snap_mirror_namespace_t>();
+            // SAFETY: plain C struct of integers, a bool and pointers: all-zero is valid.
+            let mut ns: ffi::rbd_snap_mirror_namespace_t = unsafe { std::mem::zeroed() };
+            // SAFETY: open image, a listed snapshot id, an out-struct of `size` bytes; librbd
+            // allocates its strings, released by the cleanup below.
+            let rc = unsafe { ffi::rbd_snap_get_mirror_namespace(self.handle, id, &mut ns, size) };
+            if rc == -libc::ENOENT {
+                continue;
+            }
+            check(rc, op, &self.target)?;
+            let primary = matches!(
+                ns.state,
+                ffi::rbd_snap_mirror_state_t_RBD_SNAP_MIRROR_STATE_PRIMARY
+                    | ffi::rbd_snap_mirror_state_t_RBD_SNAP_MIRROR_STATE_PRIMARY_DEMOTED
+            );
+            let demoted = matches!(
+                ns.state,
+                ffi::rbd_snap_mirror_state_t_RBD_SNAP_MIRROR_STATE_PRIMARY_DEMOTED
+                    | ffi::rbd_snap_mirror_state_t_RBD_SNAP_MIRROR_STATE_NON_PRIMARY_DEMOTED
+            );
+            let complete = ns.complete;
+            // SAFETY: releases what librbd allocated in `ns`, once.
+            unsafe { ffi::rbd_snap_mirror_namespace_cleanup(&mut ns, size) };
+            // SAFETY: plain C struct of integers: all-zero is valid.
+            let mut at: ffi::timespec = unsafe { std::mem::zeroed() };
+            // SAFETY: open image, a listed snapshot id and an out-struct.
+            let rc = unsafe { ffi::rbd_snap_get_timestamp(self.handle, id, &mut at) };
+            if rc == -libc::ENOENT {
+                continue;
+            }
+            check(rc, op, &self.target)?;
+            list.push(MirrorSnapshot {
+                id,
+                created: at.tv_sec,
+                primary,
+                demoted,
+                complete,
+            });
+        }
+        Ok(list)
     }
 
     pub(crate) fn mirror_info(&self) -> Result<MirrorImageInfo, Error> {

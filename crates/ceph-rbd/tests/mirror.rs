@@ -92,6 +92,18 @@ async fn an_image_is_mirrored_by_snapshots_demoted_promoted_and_disabled() {
     let snaps = mirror_snapshots(&pool, &image);
     assert_eq!(snaps.len(), before + 1, "{snaps:?}");
     assert!(snaps.iter().any(|s| s["id"] == id), "{snaps:?}");
+    let ours = cluster.mirror_snapshots(&pool, &image).await.unwrap();
+    assert_eq!(ours.len(), snaps.len());
+    let taken = ours.iter().find(|s| s.id == id).unwrap();
+    assert!(taken.primary && !taken.demoted, "{taken:?}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        now.abs_diff(u64::try_from(taken.created).unwrap()) < 120,
+        "{taken:?}"
+    );
 
     // without a daemon the status is the image's mirroring and no site up
     let status = cluster.mirror_image_status(&pool, &image).await.unwrap();
@@ -101,6 +113,11 @@ async fn an_image_is_mirrored_by_snapshots_demoted_promoted_and_disabled() {
     cluster.mirror_image_demote(&pool, &image).await.unwrap();
     let info = cluster.mirror_image_info(&pool, &image).await.unwrap();
     assert!(!info.primary);
+    let newest = cluster.mirror_snapshots(&pool, &image).await.unwrap();
+    assert!(
+        newest.last().is_some_and(|s| s.primary && s.demoted),
+        "a demotion snapshot: {newest:?}"
+    );
     assert!(
         cluster.mirror_image_snapshot(&pool, &image).await.is_err(),
         "a non-primary copy takes no mirror snapshot"

@@ -1,8 +1,9 @@
 //! The disaster-recovery test bed: two micro-ceph clusters (site-a, site-b) on 127.0.0.1,
 //! peers of each other for the pool in image mode (`rbd mirror pool peer bootstrap create` and
 //! `import`, as an operator does), an `rbd-mirror` daemon for each, all stopped with the
-//! clusters. Through this product's mirroring calls (`ceph_rbd::Cluster::mirror_*`): an image
-//! mirrored by snapshots on site-a reaches site-b with the bytes of its mirror snapshot; a
+//! clusters. Through the volume core's mirroring steps (`rbd_volume::mirror`): an image
+//! mirrored by snapshots on site-a reaches site-b with the bytes of its mirror snapshot, and
+//! site-a reports the last sync as site-b's daemon tells it; a
 //! planned failover (demote on a, promote on b) brings writes made on b back to a; failing back
 //! makes a primary again; with site-a's daemon killed, b is force-promoted and keeps its data.
 //!
@@ -12,14 +13,16 @@
 
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ceph_rbd::{ClusterConfig, ConnectionPool, MirrorImageState, PoolOptions, Secret};
 use micro_ceph::MicroCeph;
+use rbd_volume::mirror;
 
 const SIZE: u64 = 32 << 20;
 /// How long a replication may take on a loaded 2-vCPU machine.
 const WAIT: Duration = Duration::from_secs(180);
+const HOUR: Duration = Duration::from_secs(3600);
 
 async fn connect(ceph: &MicroCeph) -> Arc<ceph_rbd::Cluster> {
     ConnectionPool::new(PoolOptions::default())
@@ -131,7 +134,7 @@ async fn promote_once_demoted(
     until(what, || {
         let site = site.clone();
         let pool = ceph.pool.clone();
-        async move { site.mirror_image_promote(&pool, image, false).await.ok() }
+        async move { mirror::promote(&site, &pool, image, false).await.ok() }
     })
     .await;
 }
@@ -158,24 +161,55 @@ async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
     write(&a, image, 0, 1);
 
     // mirrored by snapshots from site-a: b gets a non-primary copy with the snapshot's bytes
-    site_a.mirror_image_enable(&a.pool, image).await.unwrap();
+    mirror::enable(&site_a, &a.pool, image).await.unwrap();
+    mirror::enable(&site_a, &a.pool, image).await.unwrap();
     write(&a, image, 8 << 20, 2);
-    let snap = site_a.mirror_image_snapshot(&a.pool, image).await.unwrap();
+    let snap = mirror::snapshot_if_due(&site_a, &a.pool, image, Duration::ZERO, SystemTime::now())
+        .await
+        .unwrap()
+        .expect("a snapshot is due at once with no interval");
+    assert_eq!(
+        mirror::snapshot_if_due(&site_a, &a.pool, image, HOUR, SystemTime::now())
+            .await
+            .unwrap(),
+        None,
+        "the next is due in an hour"
+    );
     replicated(&a, &b, image, snap, "site-b's copy of the mirror snapshot").await;
-    let status = site_a.mirror_image_status(&a.pool, image).await.unwrap();
-    assert!(status.info.primary);
-    let peer = status
-        .sites
-        .iter()
-        .find(|s| !s.mirror_uuid.is_empty())
-        .unwrap_or_else(|| panic!("no peer site in {status:?}"));
-    assert!(
-        peer.description.starts_with("replaying"),
-        "site-b replays: {peer:?}"
+    let taken = site_a
+        .mirror_snapshots(&a.pool, image)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|s| s.id == snap)
+        .unwrap()
+        .created;
+    // site-a reports the sync as site-b's daemon tells it
+    let replication = until("site-a's view of the sync", || {
+        let site_a = site_a.clone();
+        let pool = a.pool.clone();
+        async move {
+            let r = mirror::replication(&site_a, &pool, image).await.ok()?;
+            r.last_sync.is_some_and(|s| s.time >= taken).then_some(r)
+        }
+    })
+    .await;
+    assert!(replication.primary, "{replication:?}");
+    assert!(replication.replaying(), "{replication:?}");
+    let at_b = mirror::replication(&site_b, &b.pool, image).await.unwrap();
+    assert!(!at_b.primary);
+    assert_eq!(at_b.global_id, replication.global_id);
+    // a secondary takes no snapshot when due
+    assert_eq!(
+        mirror::snapshot_if_due(&site_b, &b.pool, image, Duration::ZERO, SystemTime::now())
+            .await
+            .unwrap(),
+        None
     );
 
     // planned failover: demote a, promote b once it has the demotion; writes on b reach a
-    site_a.mirror_image_demote(&a.pool, image).await.unwrap();
+    mirror::demote(&site_a, &a.pool, image).await.unwrap();
+    mirror::demote(&site_a, &a.pool, image).await.unwrap();
     promote_once_demoted(
         &site_b,
         &b,
@@ -202,7 +236,7 @@ async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
     replicated(&b, &a, image, snap, "site-a's copy of site-b's writes").await;
 
     // failback: demote b, promote a
-    site_b.mirror_image_demote(&b.pool, image).await.unwrap();
+    mirror::demote(&site_b, &b.pool, image).await.unwrap();
     promote_once_demoted(
         &site_a,
         &a,
@@ -219,8 +253,7 @@ async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
     // reaches b; b is force-promoted and holds the data as of the last sync
     a.kill_rbd_mirror();
     write(&a, image, 0, 5);
-    site_b
-        .mirror_image_promote(&b.pool, image, true)
+    mirror::promote(&site_b, &b.pool, image, true)
         .await
         .unwrap();
     assert!(
@@ -232,8 +265,8 @@ async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
     );
     assert_eq!(md5(&b, image, None), synced, "site-b holds the last sync");
     // both primary now: site-a's copy is demoted and resynced from b on request
-    site_a.mirror_image_demote(&a.pool, image).await.unwrap();
-    site_a.mirror_image_resync(&a.pool, image).await.unwrap();
+    mirror::demote(&site_a, &a.pool, image).await.unwrap();
+    mirror::resync(&site_a, &a.pool, image).await.unwrap();
     a.start_rbd_mirror().expect("site-a's rbd-mirror again");
     let snap = site_b.mirror_image_snapshot(&b.pool, image).await.unwrap();
     replicated(&b, &a, image, snap, "site-a resynced from site-b").await;

@@ -45,6 +45,7 @@ pub mod encryption;
 pub mod fence;
 pub mod id;
 pub mod lifecycle;
+pub mod mirror;
 pub mod naming;
 pub mod owner;
 pub mod publish;

@@ -1,0 +1,255 @@
+//! Disaster recovery: a volume's image mirrored to a peer Ceph cluster by RBD snapshot-based
+//! mirroring, the steps both front doors (and the replication controller) share.
+//!
+//! The pool must be mirrored in `image` mode on both sites, and the sites peered (`rbd mirror
+//! pool peer bootstrap`); an `rbd-mirror` daemon on each site replays the peer's primary images.
+//! Here: [`enable`] (snapshot mode, refused with the reason in a pool without mirroring or for
+//! an image mirrored by journaling), [`snapshot_if_due`] (a mirror snapshot when the newest is
+//! older than the interval: what is replicated is the image as of its last mirror snapshot),
+//! [`replication`] (role, the peer site's status and the last sync), and promotion, demotion,
+//! resync and disabling.
+
+use std::time::{Duration, SystemTime};
+
+use ceph_rbd::{Cluster, MirrorImageState, MirrorMode, MirrorSiteStatus, MirrorStatusState};
+
+/// Why a mirroring step was refused. Ceph's own errors pass through.
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    #[error(
+        "pool {pool} is not mirrored in image mode (its mode is {mode}): enable it on both sites \
+         (rbd mirror pool enable {pool} image) and peer them (rbd mirror pool peer bootstrap)"
+    )]
+    PoolNotMirrored { pool: String, mode: &'static str },
+    #[error(
+        "image {image} is mirrored by journaling; only snapshot-based mirroring is provided \
+         (mirroringMode: snapshot)"
+    )]
+    JournalMode { image: String },
+    #[error(transparent)]
+    Ceph(#[from] ceph_rbd::Error),
+}
+
+/// The last completed sync, from the `rbd-mirror` daemon's description of the replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncInfo {
+    /// When the synced snapshot was taken (seconds since the epoch).
+    pub time: i64,
+    /// Bytes the sync copied.
+    pub bytes: Option<u64>,
+    /// How long the sync took.
+    pub duration: Option<Duration>,
+}
+
+/// The sync details of a snapshot replay's description (`replaying, {"last_snapshot_bytes":
+/// ..., "last_snapshot_sync_seconds": ..., "local_snapshot_timestamp": ...,
+/// "remote_snapshot_timestamp": ..., ...}`): the time of the last synced snapshot is
+/// `local_snapshot_timestamp` (Ceph 17 and later), else `remote_snapshot_timestamp` while the
+/// replay is idle (Ceph 16 reports only that one, and an idle replay has synced it). `None`
+/// without a time.
+#[must_use]
+pub fn parse_sync_info(description: &str) -> Option<SyncInfo> {
+    let (_, json) = description.split_once(',')?;
+    let v: serde_json::Value = serde_json::from_str(json.trim()).ok()?;
+    let idle = v["replay_state"].as_str() == Some("idle");
+    let time = v["local_snapshot_timestamp"]
+        .as_i64()
+        .filter(|t| *t > 0)
+        .or_else(|| {
+            v["remote_snapshot_timestamp"]
+                .as_i64()
+                .filter(|t| *t > 0 && idle)
+        })?;
+    Some(SyncInfo {
+        time,
+        bytes: v["last_snapshot_bytes"].as_u64(),
+        duration: v["last_snapshot_sync_seconds"]
+            .as_u64()
+            .map(Duration::from_secs),
+    })
+}
+
+/// A mirrored image's replication as this site sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replication {
+    pub state: MirrorImageState,
+    /// This copy takes writes and mirror snapshots.
+    pub primary: bool,
+    /// The image's ID across the sites.
+    pub global_id: String,
+    /// The peer site's status of the image (for a primary: the peer daemon's replay of it).
+    pub peer: Option<MirrorSiteStatus>,
+    /// This site's own status (for a non-primary: its daemon's replay from the peer).
+    pub local: Option<MirrorSiteStatus>,
+    /// The last completed sync, as the replaying site reports it.
+    pub last_sync: Option<SyncInfo>,
+}
+
+impl Replication {
+    /// Whether a daemon replays the image now (up and replaying on the replaying side).
+    #[must_use]
+    pub fn replaying(&self) -> bool {
+        let side = if self.primary {
+            &self.peer
+        } else {
+            &self.local
+        };
+        side.as_ref()
+            .is_some_and(|s| s.up && s.state == MirrorStatusState::Replaying)
+    }
+}
+
+/// Enables snapshot-based mirroring of `pool/image` (a `pool[/namespace]` spec), which becomes
+/// the primary copy. Idempotent.
+///
+/// # Errors
+/// [`MirrorError::PoolNotMirrored`] (nothing changed), [`MirrorError::JournalMode`], Ceph
+/// errors.
+pub async fn enable(cluster: &Cluster, pool: &str, image: &str) -> Result<(), MirrorError> {
+    let mode = cluster.mirror_mode(pool).await?;
+    if mode != MirrorMode::Image {
+        return Err(MirrorError::PoolNotMirrored {
+            pool: pool.to_owned(),
+            mode: mode.as_str(),
+        });
+    }
+    let info = cluster.mirror_image_info(pool, image).await?;
+    match (info.state, info.snapshot_mode) {
+        (MirrorImageState::Enabled, Some(true)) => Ok(()),
+        (MirrorImageState::Enabled, Some(false)) => Err(MirrorError::JournalMode {
+            image: format!("{pool}/{image}"),
+        }),
+        _ => Ok(cluster.mirror_image_enable(pool, image).await?),
+    }
+}
+
+/// Takes a mirror snapshot of the primary `pool/image` when its newest one is `interval` old at
+/// `now` (or it has none); its ID, `None` when not due or not primary.
+///
+/// # Errors
+/// Ceph errors.
+pub async fn snapshot_if_due(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    interval: Duration,
+    now: SystemTime,
+) -> Result<Option<u64>, MirrorError> {
+    let info = cluster.mirror_image_info(pool, image).await?;
+    if info.state != MirrorImageState::Enabled || !info.primary {
+        return Ok(None);
+    }
+    let newest = cluster
+        .mirror_snapshots(pool, image)
+        .await?
+        .into_iter()
+        .filter(|s| s.primary)
+        .map(|s| s.created)
+        .max();
+    let now_s = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let interval_s = i64::try_from(interval.as_secs()).unwrap_or(i64::MAX);
+    if newest.is_some_and(|t| now_s.saturating_sub(t) < interval_s) {
+        return Ok(None);
+    }
+    Ok(Some(cluster.mirror_image_snapshot(pool, image).await?))
+}
+
+/// The replication of `pool/image` as this site sees it.
+///
+/// # Errors
+/// Ceph errors.
+pub async fn replication(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+) -> Result<Replication, MirrorError> {
+    let status = cluster.mirror_image_status(pool, image).await?;
+    let (local, peers): (Vec<_>, Vec<_>) = status
+        .sites
+        .into_iter()
+        .partition(|s| s.mirror_uuid.is_empty());
+    let local = local.into_iter().next();
+    let peer = peers.into_iter().next();
+    let replaying_side = if status.info.primary { &peer } else { &local };
+    let last_sync = replaying_side
+        .as_ref()
+        .and_then(|s| parse_sync_info(&s.description));
+    Ok(Replication {
+        state: status.info.state,
+        primary: status.info.primary,
+        global_id: status.info.global_id,
+        peer,
+        local,
+        last_sync,
+    })
+}
+
+/// Makes this site's copy primary (`force`: while the peer is unreachable and still primary).
+///
+/// # Errors
+/// Ceph errors (`Busy` until the peer's demotion has replayed here, without `force`).
+pub async fn promote(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    force: bool,
+) -> Result<(), MirrorError> {
+    Ok(cluster.mirror_image_promote(pool, image, force).await?)
+}
+
+/// Makes this site's copy non-primary. Idempotent.
+///
+/// # Errors
+/// Ceph errors.
+pub async fn demote(cluster: &Cluster, pool: &str, image: &str) -> Result<(), MirrorError> {
+    let info = cluster.mirror_image_info(pool, image).await?;
+    if info.state == MirrorImageState::Enabled && !info.primary {
+        return Ok(());
+    }
+    Ok(cluster.mirror_image_demote(pool, image).await?)
+}
+
+/// Flags the non-primary copy for a full resync from the peer's primary.
+///
+/// # Errors
+/// Ceph errors.
+pub async fn resync(cluster: &Cluster, pool: &str, image: &str) -> Result<(), MirrorError> {
+    Ok(cluster.mirror_image_resync(pool, image).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_sync_is_read_from_the_daemons_description() {
+        // Ceph 17 and later (ceph-csi's example)
+        let quincy = r#"replaying, {"bytes_per_second":0.0,"bytes_per_snapshot":81920.0,"last_snapshot_bytes":81920,"last_snapshot_sync_seconds":3,"local_snapshot_timestamp":1684675261,"remote_snapshot_timestamp":1684675261,"replay_state":"idle"}"#;
+        assert_eq!(
+            parse_sync_info(quincy),
+            Some(SyncInfo {
+                time: 1_684_675_261,
+                bytes: Some(81920),
+                duration: Some(Duration::from_secs(3)),
+            })
+        );
+        // Ceph 16: the remote timestamp, once the replay is idle
+        let pacific = r#"replaying, {"bytes_per_second":0.0,"bytes_per_snapshot":0.0,"last_snapshot_bytes":0,"last_snapshot_sync_seconds":0,"remote_snapshot_timestamp":1796565456,"replay_state":"idle"}"#;
+        assert_eq!(
+            parse_sync_info(pacific).map(|s| s.time),
+            Some(1_796_565_456)
+        );
+        let syncing = pacific.replace("idle", "syncing");
+        assert_eq!(parse_sync_info(&syncing), None);
+        for nothing in [
+            "",
+            "status not found",
+            "local image is primary",
+            "replaying, {",
+        ] {
+            assert_eq!(parse_sync_info(nothing), None, "{nothing}");
+        }
+    }
+}
