@@ -713,15 +713,8 @@ async fn migrate_ceph_csi(
     let mut entries = owner.entries();
     if let Some(encrypted) = &encrypted {
         let new_id = plan::volume_handle(&new_pv).unwrap_or_default();
-        super::encrypted::take_over_key(
-            ctx,
-            &cluster,
-            (&pool, &image),
-            encrypted,
-            &old_id,
-            &new_id,
-        )
-        .await?;
+        super::encrypted::take_over_key(&cluster, (&pool, &image), encrypted, &old_id, &new_id)
+            .await?;
         crashpoint::hit("migrate-after-key-salt");
         entries.extend(encrypted.entries());
     }
@@ -733,14 +726,8 @@ async fn migrate_ceph_csi(
 /// Why ceph-csi's volume context on `pv` does not name the volume's KMS entry `kms` (its
 /// journal's) as our node reads it: `encrypted: "true"` and `encryptionKMSID`.
 fn encryption_context_refusal(pv: &PersistentVolume, kms: &str) -> Option<String> {
-    let attributes = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.as_ref())
-        .and_then(|c| c.volume_attributes.clone())
-        .unwrap_or_default();
     use rbd_volume::encryption::{PARAM_ENCRYPTED, PARAM_KMS_ID};
-    let get = |key: &str| attributes.get(key).map(|v| v.trim().to_owned());
+    let get = |key: &str| plan::csi_attribute(pv, key);
     if !get(PARAM_ENCRYPTED).is_some_and(|v| v.eq_ignore_ascii_case("true")) {
         return Some(format!(
             "ceph-csi's journal says the volume is encrypted (KMS {kms:?}), its \

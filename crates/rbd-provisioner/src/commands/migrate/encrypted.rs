@@ -21,10 +21,10 @@ use super::apply::Context;
 const CEPH_CSI_DEFAULT_KMS: &str = "default";
 
 /// The KMS of an encrypted image of ceph-csi, checked.
-#[derive(Clone, Debug)]
 pub struct Encrypted {
-    /// The KMS entry (`encryptionKMSID`, ceph-csi's `csi.volume.encryptKMS`).
-    pub kms_id: String,
+    /// The KMS entry (`encryptionKMSID`, ceph-csi's `csi.volume.encryptKMS`), as loaded from
+    /// `--kms-config` by the check.
+    kms: Box<dyn encryption::Kms>,
     /// The namespace the entry's Secret defaults to (ceph-csi's tenant: the claim's namespace).
     pub tenant: Option<String>,
 }
@@ -33,7 +33,7 @@ impl Encrypted {
     /// The image metadata this driver keeps for the key (added beside ceph-csi's).
     #[must_use]
     pub fn entries(&self) -> Vec<(&str, &str)> {
-        vec![(META_KMS_ID, self.kms_id.as_str())]
+        vec![(META_KMS_ID, self.kms.id())]
     }
 }
 
@@ -89,7 +89,7 @@ pub async fn check(
     };
     match kms.fetch_dek(&target).await {
         Ok(Some(_)) => Ok(Ok(Encrypted {
-            kms_id: kms_id.to_owned(),
+            kms,
             tenant: tenant.map(str::to_owned),
         })),
         Ok(None) => Ok(Err(format!(
@@ -113,7 +113,6 @@ pub async fn check(
 /// Writing the metadata; the key not opening by `new_id` (nothing in Kubernetes is changed
 /// then).
 pub async fn take_over_key(
-    ctx: &Context,
     cluster: &ceph_rbd::Cluster,
     (pool, image): (&str, &str),
     encrypted: &Encrypted,
@@ -123,7 +122,6 @@ pub async fn take_over_key(
     encryption::record_salt(cluster, pool, image, old_id)
         .await
         .map_err(|e| format!("recording the salt of the key of {pool}/{image}: {e}"))?;
-    let kms = load(ctx, &encrypted.kms_id).await?;
     let target = Target {
         cluster,
         pool,
@@ -131,7 +129,7 @@ pub async fn take_over_key(
         volume_id: new_id,
         tenant: encrypted.tenant.as_deref(),
     };
-    match kms.fetch_dek(&target).await {
+    match encrypted.kms.fetch_dek(&target).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(format!("the key of {pool}/{image} is gone")),
         Err(e) => Err(format!("the key of {pool}/{image} by our volume ID: {e}")),

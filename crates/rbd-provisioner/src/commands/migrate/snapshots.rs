@@ -335,7 +335,6 @@ async fn inner(ctx: &Context, name: &str) -> Result<Row, String> {
     let mut entries = owner.entries();
     if let Some(encrypted) = &encrypted {
         super::encrypted::take_over_key(
-            ctx,
             &cluster,
             (&pool_spec, &image),
             encrypted,
