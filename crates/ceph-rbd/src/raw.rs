@@ -34,11 +34,21 @@ mod ffi {
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 }
 
-fn mirror_image_state(state: ffi::rbd_mirror_image_state_t) -> MirrorImageState {
-    match state {
-        ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_DISABLING => MirrorImageState::Disabling,
-        ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_ENABLED => MirrorImageState::Enabled,
-        _ => MirrorImageState::Disabled,
+/// An image's mirroring as librbd reports it in `info` (without the mode, read apart).
+///
+/// # Safety
+/// `info.global_id` is the string librbd set and has not released yet.
+unsafe fn mirror_info_of(info: &ffi::rbd_mirror_image_info_t) -> MirrorImageInfo {
+    MirrorImageInfo {
+        // SAFETY: guaranteed by the caller.
+        global_id: unsafe { owned(info.global_id) },
+        state: match info.state {
+            ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_DISABLING => MirrorImageState::Disabling,
+            ffi::rbd_mirror_image_state_t_RBD_MIRROR_IMAGE_ENABLED => MirrorImageState::Enabled,
+            _ => MirrorImageState::Disabled,
+        },
+        primary: info.primary,
+        snapshot_mode: None,
     }
 }
 
@@ -2009,23 +2019,6 @@ impl Image<'_> {
         Ok(id)
     }
 
-    /// Reads `info` (an `rbd_mirror_image_info_t`, as librbd fills it) into ours; releases
-    /// its strings.
-    fn owned_mirror_info(&self, info: &mut ffi::rbd_mirror_image_info_t) -> MirrorImageInfo {
-        // SAFETY: the string librbd set, valid until the cleanup below.
-        let global_id = unsafe { owned(info.global_id) };
-        let state = mirror_image_state(info.state);
-        let primary = info.primary;
-        // SAFETY: releases what librbd allocated in `info`, once.
-        unsafe { ffi::rbd_mirror_image_get_info_cleanup(info) };
-        MirrorImageInfo {
-            global_id,
-            state,
-            primary,
-            snapshot_mode: None,
-        }
-    }
-
     fn mirror_snapshot_mode(&self, state: MirrorImageState) -> Result<Option<bool>, Error> {
         if state == MirrorImageState::Disabled {
             return Ok(None);
@@ -2099,9 +2092,12 @@ impl Image<'_> {
         // released by `owned_mirror_info`.
         let rc = unsafe { ffi::rbd_mirror_image_get_info(self.handle, &mut info, size) };
         check(rc, "read image mirroring", &self.target)?;
-        let mut info = self.owned_mirror_info(&mut info);
-        info.snapshot_mode = self.mirror_snapshot_mode(info.state)?;
-        Ok(info)
+        // SAFETY: the string librbd set, released right after.
+        let mut read = unsafe { mirror_info_of(&info) };
+        // SAFETY: releases what librbd allocated in `info`, once.
+        unsafe { ffi::rbd_mirror_image_get_info_cleanup(&mut info) };
+        read.snapshot_mode = self.mirror_snapshot_mode(read.state)?;
+        Ok(read)
     }
 
     pub(crate) fn mirror_global_status(&self) -> Result<MirrorGlobalStatus, Error> {
@@ -2149,17 +2145,10 @@ impl Image<'_> {
             });
         }
         // SAFETY: the info part's strings, read before the cleanup releases them.
-        let global_id = unsafe { owned(status.info.global_id) };
-        let state = mirror_image_state(status.info.state);
-        let primary = status.info.primary;
+        let mut info = unsafe { mirror_info_of(&status.info) };
         // SAFETY: releases what librbd allocated in `status` (its info included), once.
         unsafe { ffi::rbd_mirror_image_global_status_cleanup(&mut status) };
-        let info = MirrorImageInfo {
-            global_id,
-            state,
-            primary,
-            snapshot_mode: self.mirror_snapshot_mode(state)?,
-        };
+        info.snapshot_mode = self.mirror_snapshot_mode(info.state)?;
         Ok(MirrorGlobalStatus { info, sites })
     }
 
