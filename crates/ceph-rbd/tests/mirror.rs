@@ -40,18 +40,8 @@ async fn mirror_pool() -> String {
 
 /// The image's snapshots in the mirror namespace (`rbd snap ls --all`).
 fn mirror_snapshots(pool: &str, image: &str) -> Vec<serde_json::Value> {
-    let out = micro_ceph::cluster()
-        .rbd(&[
-            "snap",
-            "ls",
-            "--all",
-            "--format",
-            "json",
-            &format!("{pool}/{image}"),
-        ])
-        .unwrap();
-    let all: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
-    all.into_iter()
+    cli_snapshots(pool, image)
+        .into_iter()
         .filter(|s| s["namespace"]["type"] == "mirror")
         .collect()
 }

@@ -469,18 +469,7 @@ fn export(what: &str) -> Vec<u8> {
 
 /// `rbd snap ls --all` of `spec/name`: (name, namespace type) of every snapshot.
 fn all_snapshots(spec: &str, name: &str) -> Vec<(String, String)> {
-    let out = micro_ceph::cluster()
-        .rbd(&[
-            "snap",
-            "ls",
-            "--all",
-            "--format",
-            "json",
-            &format!("{spec}/{name}"),
-        ])
-        .unwrap();
-    let snaps: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
-    snaps
+    cli_snapshots(spec, name)
         .iter()
         .map(|s| {
             (

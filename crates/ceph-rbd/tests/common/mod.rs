@@ -64,3 +64,19 @@ pub fn foreign_key() -> String {
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
+
+/// `rbd snap ls --all --format json` of `spec/name` (`spec`: `pool` or `pool/namespace`): every
+/// snapshot of every namespace, as the CLI reports it.
+pub fn cli_snapshots(spec: &str, name: &str) -> Vec<serde_json::Value> {
+    let out = micro_ceph::cluster()
+        .rbd(&[
+            "snap",
+            "ls",
+            "--all",
+            "--format",
+            "json",
+            &format!("{spec}/{name}"),
+        ])
+        .unwrap();
+    serde_json::from_str(&out).unwrap()
+}
