@@ -1024,13 +1024,7 @@ async fn a_namespaced_ceph_csi_volume_keeps_its_namespace() {
     assert_eq!(report(&out)[&v.pv]["result"], "migrated", "{}", text(&out));
     let pv = h.volumes().get(&v.pv).await.unwrap();
     assert_eq!(
-        pv.spec
-            .as_ref()
-            .unwrap()
-            .csi
-            .as_ref()
-            .unwrap()
-            .volume_handle,
+        node::volume_handle(&pv),
         format!("v2/{cluster}/{}/{ns}/{}", h.ceph.pool, v.image)
     );
     let read = plugin
@@ -1483,7 +1477,7 @@ async fn encrypted_ceph_csi_volumes_and_snapshots_are_taken_over_with_their_keys
     for claim in ["restored", "copy"] {
         let (_, pv) = h.wait_bound(claim).await;
         let image = Harness::image_name(&pv);
-        let id = plan_handle(&pv);
+        let id = node::volume_handle(&pv);
         assert!(opened(image.clone(), id).await, "{claim}: the header opens");
         made.push(image);
     }
@@ -1530,16 +1524,4 @@ async fn encrypted_ceph_csi_volumes_and_snapshots_are_taken_over_with_their_keys
     for gone in made.iter().chain([&v.image, &snap]) {
         assert!(!images.contains(gone), "{gone}: {images:?}");
     }
-}
-
-/// `spec.csi.volumeHandle` of `pv`.
-fn plan_handle(pv: &PersistentVolume) -> String {
-    pv.spec
-        .as_ref()
-        .unwrap()
-        .csi
-        .as_ref()
-        .unwrap()
-        .volume_handle
-        .clone()
 }

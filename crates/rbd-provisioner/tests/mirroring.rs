@@ -123,6 +123,14 @@ async fn replicated(from: &MicroCeph, to: &MicroCeph, image: &str, snap: u64, wh
     .await;
 }
 
+/// Whether `site`'s copy of `image` is primary.
+async fn is_primary(site: &ceph_rbd::Cluster, ceph: &MicroCeph, image: &str) -> bool {
+    site.mirror_image_info(&ceph.pool, image)
+        .await
+        .unwrap()
+        .primary
+}
+
 /// Promotes `image` on `site` (without force) once its copy has the peer's demotion: librbd
 /// refuses until then.
 async fn promote_once_demoted(
@@ -217,20 +225,8 @@ async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
         "site-b promoted after site-a's demotion",
     )
     .await;
-    assert!(
-        site_b
-            .mirror_image_info(&b.pool, image)
-            .await
-            .unwrap()
-            .primary
-    );
-    assert!(
-        !site_a
-            .mirror_image_info(&a.pool, image)
-            .await
-            .unwrap()
-            .primary
-    );
+    assert!(is_primary(&site_b, &b, image).await);
+    assert!(!is_primary(&site_a, &a, image).await);
     write(&b, image, 16 << 20, 3);
     let snap = site_b.mirror_image_snapshot(&b.pool, image).await.unwrap();
     replicated(&b, &a, image, snap, "site-a's copy of site-b's writes").await;
@@ -256,13 +252,7 @@ async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
     mirror::promote(&site_b, &b.pool, image, true)
         .await
         .unwrap();
-    assert!(
-        site_b
-            .mirror_image_info(&b.pool, image)
-            .await
-            .unwrap()
-            .primary
-    );
+    assert!(is_primary(&site_b, &b, image).await);
     assert_eq!(md5(&b, image, None), synced, "site-b holds the last sync");
     // both primary now: site-a's copy is demoted and resynced from b on request
     mirror::demote(&site_a, &a.pool, image).await.unwrap();

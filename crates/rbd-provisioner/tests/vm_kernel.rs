@@ -1885,6 +1885,72 @@ fn guest_encrypted_restore_and_clone_read_with_their_own_keys() {
     });
 }
 
+/// Secret `kms/kek` holding `passphrase` as its `encryptionPassphrase`.
+fn kek_secret(passphrase: &str) -> k8s_openapi::api::core::v1::Secret {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kek", "namespace": "kms"},
+        "stringData": {"encryptionPassphrase": passphrase},
+    }))
+    .expect("secret")
+}
+
+/// A node plugin whose KMSs read Secrets from an emulated Kubernetes API.
+struct KmsBed {
+    _emulator: kube_emulator::Emulator,
+    _server: kube_emulator::ServerHandle,
+    client: kube::Client,
+    /// The plugin's directory.
+    dir: PathBuf,
+    /// The KMS configuration the plugin reads.
+    config: PathBuf,
+    plugin: Plugin,
+}
+
+/// A [`KmsBed`] in `plugin_dir(name)`: namespace `kms` with [`kek_secret`] of `passphrase`,
+/// the KMS configuration `config` (ceph-csi's `config.json`), the plugin reading both.
+async fn kms_bed(name: &str, passphrase: &str, config: &str) -> KmsBed {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use kube::api::{Api, PostParams};
+    let emulator = kube_emulator::Emulator::new();
+    let server = emulator
+        .serve("127.0.0.1:0".parse().expect("address"))
+        .await
+        .expect("serving the emulator");
+    let dir = plugin_dir(name);
+    let kubeconfig = dir.join("kubeconfig");
+    server
+        .write_kubeconfig(&kubeconfig)
+        .expect("writing the kubeconfig");
+    let client = emulator.client();
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "kms"}}))
+        .expect("namespace");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("creating namespace kms");
+    Api::<Secret>::namespaced(client.clone(), "kms")
+        .create(&PostParams::default(), &kek_secret(passphrase))
+        .await
+        .expect("creating the key-encryption Secret");
+    let config_path = dir.join("kms.json");
+    std::fs::write(&config_path, config).expect("kms config");
+    let plugin = Plugin::start(
+        &dir,
+        &[
+            &format!("--kms-config={}", config_path.display()),
+            &format!("--kubeconfig={}", kubeconfig.display()),
+        ],
+    );
+    KmsBed {
+        _emulator: emulator,
+        _server: server,
+        client,
+        dir,
+        config: config_path,
+        plugin,
+    }
+}
+
 /// The KMS entries that keep keys with Kubernetes Secrets, through the node plugin's own
 /// Kubernetes client (`--kubeconfig`) to an emulator in the guest: ceph-csi's `metadata` entry
 /// with a key-encryption Secret (`wrapped`, on krbd) and a Secret per volume (`per-volume`, on
@@ -1893,60 +1959,25 @@ fn guest_encrypted_restore_and_clone_read_with_their_own_keys() {
 #[test]
 #[ignore = "runs inside the VM: vm_suite"]
 fn guest_secret_kms_volumes_stage_through_luks_and_a_changed_kek_leaves_the_header_alone() {
-    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use k8s_openapi::api::core::v1::Secret;
     use kube::api::{Api, PostParams};
     guest(|| async {
-        let emulator = kube_emulator::Emulator::new();
-        let server = emulator
-            .serve("127.0.0.1:0".parse().expect("address"))
-            .await
-            .expect("serving the emulator");
-        let dir = plugin_dir("crypt-secrets");
-        let kubeconfig = dir.join("kubeconfig");
-        server
-            .write_kubeconfig(&kubeconfig)
-            .expect("writing the kubeconfig");
-        let client = emulator.client();
-        let ns: Namespace =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "kms"}}))
-                .expect("namespace");
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("creating namespace kms");
-        let kek = |passphrase: &str| -> Secret {
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"name": "kek", "namespace": "kms"},
-                "stringData": {"encryptionPassphrase": passphrase},
-            }))
-            .expect("secret")
-        };
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), "kms");
-        secrets
-            .create(&PostParams::default(), &kek("the first passphrase"))
-            .await
-            .expect("creating the key-encryption Secret");
-        let config = dir.join("kms.json");
-        std::fs::write(
-            &config,
+        let bed = kms_bed(
+            "crypt-secrets",
+            "the first passphrase",
             r#"{"wrapped": {"encryptionKMSType": "metadata", "secretName": "kek", "secretNamespace": "kms"},
                 "per-volume": {"encryptionKMSType": "kubernetes-secret", "secretNamespace": "kms"}}"#,
         )
-        .expect("kms config");
-        let plugin = Plugin::start(
-            &dir,
-            &[
-                &format!("--kms-config={}", config.display()),
-                &format!("--kubeconfig={}", kubeconfig.display()),
-            ],
-        );
+        .await;
+        let (client, config, plugin) = (&bed.client, &bed.config, &bed.plugin);
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), "kms");
         let mut node = plugin.client().await;
         let store: std::sync::Arc<dyn rbd_volume::encryption::secrets::SecretStore> =
             std::sync::Arc::new(rbd_csi::kube_secrets::KubeSecrets::new(client.clone()));
         let mut wrapped = Volume::new("crypt-wrapped", "krbd", 64).await;
-        encrypt_with(&mut wrapped, &config, "wrapped", Some(store.clone())).await;
+        encrypt_with(&mut wrapped, config, "wrapped", Some(store.clone())).await;
         let mut per_volume = Volume::new("crypt-per-volume", "rbd-nbd", 64).await;
-        encrypt_with(&mut per_volume, &config, "per-volume", Some(store)).await;
+        encrypt_with(&mut per_volume, config, "per-volume", Some(store)).await;
         for vol in [&wrapped, &per_volume] {
             vol.attach(&mut node, false).await;
             let device = vol.device().display().to_string();
@@ -1974,7 +2005,7 @@ fn guest_secret_kms_volumes_stage_through_luks_and_a_changed_kek_leaves_the_head
         assert_eq!(dm_devices(), 0, "unstage left a LUKS device open");
         // another passphrase in the key-encryption Secret: the wrapped key no longer opens
         let (_, _, header) = raw_image(&wrapped, "unused-marker");
-        let mut changed = kek("another passphrase");
+        let mut changed = kek_secret("another passphrase");
         changed.metadata.resource_version = secrets
             .get("kek")
             .await
@@ -2014,46 +2045,17 @@ fn guest_secret_kms_volumes_stage_through_luks_and_a_changed_kek_leaves_the_head
 #[test]
 #[ignore = "runs inside the VM: vm_suite"]
 fn guest_a_ceph_csi_encrypted_volume_taken_over_stages_and_reads_the_same_bytes() {
-    use k8s_openapi::api::core::v1::{Namespace, Secret};
-    use kube::api::{Api, PostParams};
     const KEK: &str = "the passphrase of ceph-csi's secret";
     const CEPH_CSI_ID: &str =
         "0001-0009-rook-ceph-0000000000000001-6a1c55b2-2f4e-4c8e-9a77-0d3e1f0b7c21";
     guest(|| async {
-        let emulator = kube_emulator::Emulator::new();
-        let server = emulator
-            .serve("127.0.0.1:0".parse().expect("address"))
-            .await
-            .expect("serving the emulator");
-        let dir = plugin_dir("crypt-ceph-csi");
-        let kubeconfig = dir.join("kubeconfig");
-        server
-            .write_kubeconfig(&kubeconfig)
-            .expect("writing the kubeconfig");
-        let client = emulator.client();
-        let ns: Namespace =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "kms"}}))
-                .expect("namespace");
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("creating namespace kms");
-        let kek: Secret = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "kek", "namespace": "kms"},
-            "stringData": {"encryptionPassphrase": KEK},
-        }))
-        .expect("secret");
-        Api::<Secret>::namespaced(client.clone(), "kms")
-            .create(&PostParams::default(), &kek)
-            .await
-            .expect("creating the key-encryption Secret");
-        let config = dir.join("kms.json");
-        std::fs::write(
-            &config,
+        let bed = kms_bed(
+            "crypt-ceph-csi",
+            KEK,
             r#"{"ceph-csi": {"encryptionKMSType": "metadata", "secretName": "kek", "secretNamespace": "kms"}}"#,
         )
-        .expect("kms config");
-
+        .await;
+        let dir = &bed.dir;
         let mut vol = Volume::new("ceph-csi-crypt", "krbd", 64).await;
         let conf = vol.cluster.conf_path.display().to_string();
         // ceph-csi's passphrase (generateNewEncryptionPassphrase: URL-safe base64) and its first
@@ -2115,14 +2117,7 @@ print(json.dumps({'dek': base64.b64encode(sealed).decode(), 'nonce': base64.b64e
         ] {
             vol.context.insert(k.to_owned(), v.to_owned());
         }
-        let plugin = Plugin::start(
-            &dir,
-            &[
-                &format!("--kms-config={}", config.display()),
-                &format!("--kubeconfig={}", kubeconfig.display()),
-            ],
-        );
-        let mut node = plugin.client().await;
+        let mut node = bed.plugin.client().await;
         // by our volume ID, ceph-csi's salt does not open the key
         let err = vol
             .stage(&mut node)

@@ -175,15 +175,7 @@ impl NodePlugin {
     /// Unpublishes and unstages what [`Self::mount`] mounted.
     pub async fn unmount(&self, pv: &PersistentVolume) {
         let node = self.client().await;
-        let handle = pv
-            .spec
-            .as_ref()
-            .unwrap()
-            .csi
-            .as_ref()
-            .unwrap()
-            .volume_handle
-            .clone();
+        let handle = volume_handle(pv);
         let (staging, target) = self.paths(&handle);
         // Retried while busy, as the kubelet retries: a process another test forks at that
         // moment holds a copy of the test's last file descriptor on the mount until its exec.
@@ -289,4 +281,16 @@ pub async fn unix_channel(socket: &Path) -> Channel {
         }))
         .await
         .unwrap()
+}
+
+/// `spec.csi.volumeHandle` of a CSI PV.
+pub fn volume_handle(pv: &PersistentVolume) -> String {
+    pv.spec
+        .as_ref()
+        .unwrap()
+        .csi
+        .as_ref()
+        .unwrap()
+        .volume_handle
+        .clone()
 }
