@@ -343,6 +343,21 @@ impl MicroCeph {
         let _ = std::fs::remove_file(self.dir.join("run").join("rbd-mirror.admin.pid"));
     }
 
+    /// The disaster-recovery test bed: two clusters, site-a and site-b, peers for their pool
+    /// ([`MicroCeph::peer_mirroring`]), each with its `rbd-mirror` daemon
+    /// ([`MicroCeph::start_rbd_mirror`]). Both stop (daemons included) when dropped.
+    ///
+    /// # Errors
+    /// A cluster, the peering or a daemon could not be started.
+    pub fn start_two_sites() -> Result<(MicroCeph, MicroCeph), Error> {
+        let a = MicroCeph::start()?;
+        let b = MicroCeph::start()?;
+        a.peer_mirroring("site-a", &b, "site-b", &a.pool)?;
+        a.start_rbd_mirror()?;
+        b.start_rbd_mirror()?;
+        Ok((a, b))
+    }
+
     /// Makes this cluster (site `site`) and `peer` (site `peer_site`) mirroring peers of each
     /// other for pool `pool`, which both have: image mode on both sides, then `rbd mirror pool
     /// peer bootstrap create` here and `import` there (direction rx-tx), as an operator does.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ceph_rbd::{ClusterConfig, ConnectionPool, MirrorImageState, PoolOptions, Secret};
 use micro_ceph::MicroCeph;
-use rbd_volume::mirror;
+use rbd_volume::mirror::{self, Schedule};
 
 const SIZE: u64 = 32 << 20;
 /// How long a replication may take on a loaded 2-vCPU machine.
@@ -149,17 +149,10 @@ async fn promote_once_demoted(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
-    let (a, b) = tokio::task::spawn_blocking(|| {
-        let a = MicroCeph::start().expect("starting site-a");
-        let b = MicroCeph::start().expect("starting site-b");
-        a.peer_mirroring("site-a", &b, "site-b", &a.pool)
-            .expect("peering the sites");
-        a.start_rbd_mirror().expect("site-a's rbd-mirror");
-        b.start_rbd_mirror().expect("site-b's rbd-mirror");
-        (a, b)
-    })
-    .await
-    .unwrap();
+    let (a, b) =
+        tokio::task::spawn_blocking(|| MicroCeph::start_two_sites().expect("the two sites"))
+            .await
+            .unwrap();
     let (site_a, site_b) = (connect(&a).await, connect(&b).await);
     let image = "dr-volume";
     site_a
@@ -172,14 +165,26 @@ async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
     mirror::enable(&site_a, &a.pool, image).await.unwrap();
     mirror::enable(&site_a, &a.pool, image).await.unwrap();
     write(&a, image, 8 << 20, 2);
-    let snap = mirror::snapshot_if_due(&site_a, &a.pool, image, Duration::ZERO, SystemTime::now())
-        .await
-        .unwrap()
-        .expect("a snapshot is due at once with no interval");
+    let snap = mirror::snapshot_if_due(
+        &site_a,
+        &a.pool,
+        image,
+        Schedule::every(Duration::ZERO),
+        SystemTime::now(),
+    )
+    .await
+    .unwrap()
+    .expect("a snapshot is due at once with no interval");
     assert_eq!(
-        mirror::snapshot_if_due(&site_a, &a.pool, image, HOUR, SystemTime::now())
-            .await
-            .unwrap(),
+        mirror::snapshot_if_due(
+            &site_a,
+            &a.pool,
+            image,
+            Schedule::every(HOUR),
+            SystemTime::now()
+        )
+        .await
+        .unwrap(),
         None,
         "the next is due in an hour"
     );
@@ -209,9 +214,15 @@ async fn two_sites_replicate_fail_over_and_back_and_survive_a_lost_site() {
     assert_eq!(at_b.global_id, replication.global_id);
     // a secondary takes no snapshot when due
     assert_eq!(
-        mirror::snapshot_if_due(&site_b, &b.pool, image, Duration::ZERO, SystemTime::now())
-            .await
-            .unwrap(),
+        mirror::snapshot_if_due(
+            &site_b,
+            &b.pool,
+            image,
+            Schedule::every(Duration::ZERO),
+            SystemTime::now()
+        )
+        .await
+        .unwrap(),
         None
     );
 

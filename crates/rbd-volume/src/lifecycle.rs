@@ -119,6 +119,10 @@ pub enum Error {
          implicitly: create it first (rbd namespace create {pool}/{namespace})"
     )]
     MissingNamespace { pool: String, namespace: String },
+    /// The image is mirrored and demoted, and waits for the peer site to have the demotion
+    /// before it is removed (so that the peer's copy survives). Retry later.
+    #[error(transparent)]
+    MirrorPeer(crate::mirror::MirrorError),
     /// The existing image of this volume has a size outside the range asked for.
     #[error(
         "image {pool}/{image} exists with {size} bytes, incompatible with required_bytes={required} limit_bytes={limit}"
@@ -429,7 +433,7 @@ impl Claimant {
 
     /// `Err(owner)` when the record in `meta` names another volume than this one for `image`,
     /// or another Kubernetes cluster.
-    fn check(&self, meta: &BTreeMap<String, String>, image: &str) -> Result<(), Owner> {
+    pub(crate) fn check(&self, meta: &BTreeMap<String, String>, image: &str) -> Result<(), Owner> {
         match &self.volume {
             Some(name) => match ownership(meta, name, &self.kube_cluster) {
                 Ownership::Foreign(owner) => Err(owner),

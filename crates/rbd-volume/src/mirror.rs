@@ -4,8 +4,8 @@
 //! The pool must be mirrored in `image` mode on both sites, and the sites peered (`rbd mirror
 //! pool peer bootstrap`); an `rbd-mirror` daemon on each site replays the peer's primary images.
 //! Here: [`enable`] (snapshot mode, refused with the reason in a pool without mirroring or for
-//! an image mirrored by journaling), [`snapshot_if_due`] (a mirror snapshot when the newest is
-//! older than the interval: what is replicated is the image as of its last mirror snapshot),
+//! an image mirrored by journaling), [`snapshot_if_due`] (a mirror snapshot when one is due by its
+//! [`Schedule`]: what is replicated is the image as of its last mirror snapshot),
 //! [`replication`] (role, the peer site's status and the last sync), and promotion, demotion,
 //! resync and disabling.
 
@@ -26,6 +26,12 @@ pub enum MirrorError {
          (mirroringMode: snapshot)"
     )]
     JournalMode { image: String },
+    #[error(
+        "image {image} is demoted, and is removed once the peer site has the demotion so that \
+         the peer's copy survives; the peer has not got it yet ({status}). If the peer site is \
+         gone for good, disable its mirroring here (rbd mirror image disable --force {image})"
+    )]
+    PeerNotDemoted { image: String, status: String },
     #[error(transparent)]
     Ceph(#[from] ceph_rbd::Error),
 }
@@ -123,8 +129,43 @@ pub async fn enable(cluster: &Cluster, pool: &str, image: &str) -> Result<(), Mi
     }
 }
 
-/// Takes a mirror snapshot of the primary `pool/image` when its newest one is `interval` old at
-/// `now` (or it has none); its ID, `None` when not due or not primary.
+/// When mirror snapshots are due: every `interval`, on the boundaries counted from `start`
+/// (seconds since the epoch) when set, else `interval` after the newest snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    pub interval: Duration,
+    pub start: Option<i64>,
+}
+
+impl Schedule {
+    /// Every `interval` after the newest snapshot.
+    #[must_use]
+    pub fn every(interval: Duration) -> Schedule {
+        Schedule {
+            interval,
+            start: None,
+        }
+    }
+
+    /// Whether a snapshot is due at `now` when the newest was taken at `newest` (seconds since
+    /// the epoch): the first at once; then once per boundary.
+    #[must_use]
+    pub fn due(&self, newest: Option<i64>, now: i64) -> bool {
+        let Some(newest) = newest else {
+            return true;
+        };
+        let interval = i64::try_from(self.interval.as_secs()).unwrap_or(i64::MAX);
+        match self.start {
+            _ if interval == 0 => true,
+            None => now.saturating_sub(newest) >= interval,
+            Some(start) if now < start => false,
+            Some(start) => newest < start + (now - start) / interval * interval,
+        }
+    }
+}
+
+/// Takes a mirror snapshot of the primary `pool/image` when one is due at `now` by `schedule`;
+/// its ID, `None` when not due or not primary.
 ///
 /// # Errors
 /// Ceph errors.
@@ -132,7 +173,7 @@ pub async fn snapshot_if_due(
     cluster: &Cluster,
     pool: &str,
     image: &str,
-    interval: Duration,
+    schedule: Schedule,
     now: SystemTime,
 ) -> Result<Option<u64>, MirrorError> {
     let info = cluster.mirror_image_info(pool, image).await?;
@@ -149,8 +190,7 @@ pub async fn snapshot_if_due(
     let now_s = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    let interval_s = i64::try_from(interval.as_secs()).unwrap_or(i64::MAX);
-    if newest.is_some_and(|t| now_s.saturating_sub(t) < interval_s) {
+    if !schedule.due(newest, now_s) {
         return Ok(None);
     }
     Ok(Some(cluster.mirror_image_snapshot(pool, image).await?))
@@ -199,6 +239,32 @@ pub async fn promote(
     Ok(cluster.mirror_image_promote(pool, image, force).await?)
 }
 
+/// Records the Kubernetes cluster `kube_cluster` in the owner record of the primary
+/// `pool/image` when it names another one: the record follows the primary copy (mirrored with
+/// the image, it names the site that made the image until the peer site promotes its copy),
+/// so that the site whose copy is primary can delete it. Nothing when the record names no
+/// cluster or `kube_cluster` is empty.
+///
+/// # Errors
+/// Ceph errors.
+pub async fn record_primary_site(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    kube_cluster: &str,
+) -> Result<(), MirrorError> {
+    let meta = cluster.metadata_list_unopened(pool, image).await?;
+    match meta.get(crate::owner::META_KUBE_CLUSTER) {
+        Some(recorded) if !kube_cluster.is_empty() && recorded != kube_cluster => {
+            tracing::info!(pool, image, from = %recorded, to = kube_cluster, "the owner record follows the promoted copy");
+            Ok(cluster
+                .metadata_set(pool, image, crate::owner::META_KUBE_CLUSTER, kube_cluster)
+                .await?)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Makes this site's copy non-primary. Idempotent.
 ///
 /// # Errors
@@ -219,9 +285,144 @@ pub async fn resync(cluster: &Cluster, pool: &str, image: &str) -> Result<(), Mi
     Ok(cluster.mirror_image_resync(pool, image).await?)
 }
 
+/// Disables the mirroring of `pool/image` (forced for a non-primary copy, which stays as a
+/// plain image). Nothing when it is not mirrored or does not exist. For a primary copy the
+/// peer's daemon then removes the peer's copy: the replication is over.
+///
+/// # Errors
+/// Ceph errors.
+pub async fn disable(cluster: &Cluster, pool: &str, image: &str) -> Result<(), MirrorError> {
+    let info = match cluster.mirror_image_info(pool, image).await {
+        Ok(info) => info,
+        Err(ceph_rbd::Error::NotFound { .. }) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if info.state == MirrorImageState::Disabled {
+        return Ok(());
+    }
+    match cluster
+        .mirror_image_disable(pool, image, !info.primary)
+        .await
+    {
+        Err(ceph_rbd::Error::NotFound { .. }) | Ok(()) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How long [`release_for_removal`] waits for the peer to have a primary's demotion.
+const PEER_DEMOTION_WAIT: Duration = Duration::from_secs(20);
+
+/// What a peer's daemon reports once it has a primary's demotion.
+const REMOTE_DEMOTED: &str = "remote image demoted";
+
+/// As [`release_for_removal`], with the errors of a lifecycle operation.
+pub(crate) async fn release_before_delete(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+) -> Result<(), crate::lifecycle::Error> {
+    match release_for_removal(cluster, pool, image).await {
+        Ok(()) => Ok(()),
+        Err(MirrorError::Ceph(e)) => Err(e.into()),
+        Err(e) => Err(crate::lifecycle::Error::MirrorPeer(e)),
+    }
+}
+
+/// Readies a mirrored `pool/image` for its removal without taking the peer site's copy with
+/// it: a primary copy is demoted first and its mirroring disabled only once the peer's daemon
+/// has the demotion (waiting up to 20 s for it), which leaves the peer an orphaned copy it keeps
+/// and can promote; removing a primary, or disabling its mirroring, would make the peer's daemon
+/// delete the peer's copy. A non-primary copy's mirroring is disabled at once (it stays a plain
+/// image here). Nothing when the pool or image is not mirrored or the image does not exist.
+///
+/// # Errors
+/// [`MirrorError::PeerNotDemoted`] (retry later), Ceph errors.
+pub async fn release_for_removal(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+) -> Result<(), MirrorError> {
+    match cluster.mirror_mode(pool).await {
+        Ok(MirrorMode::Disabled) => return Ok(()),
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    let info = match cluster.mirror_image_info(pool, image).await {
+        Ok(info) => info,
+        Err(e) if e.is_not_found() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if info.state == MirrorImageState::Disabled {
+        return Ok(());
+    }
+    if info.primary {
+        demote(cluster, pool, image).await?;
+    }
+    // a copy demoted here (now or by an earlier try) waits for the peer to have the demotion;
+    // a peer whose copy is primary (after a failover) loses nothing
+    let deadline = std::time::Instant::now() + PEER_DEMOTION_WAIT;
+    loop {
+        let status = cluster.mirror_image_status(pool, image).await?;
+        let peers: Vec<&MirrorSiteStatus> = status
+            .sites
+            .iter()
+            .filter(|s| !s.mirror_uuid.is_empty())
+            .collect();
+        // every peer has the demotion or a primary copy of its own (after a failover)
+        if peers.iter().all(|p| {
+            p.description.contains(REMOTE_DEMOTED)
+                || p.description.contains("local image is primary")
+        }) {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            let status = peers
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}{}: {}",
+                        if p.up { "up+" } else { "down+" },
+                        p.state.as_str(),
+                        p.description
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(MirrorError::PeerNotDemoted {
+                image: format!("{pool}/{image}"),
+                status,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    disable(cluster, pool, image).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshots_are_due_per_interval_or_on_the_start_time_s_boundaries() {
+        let hourly = Schedule::every(Duration::from_secs(3600));
+        assert!(hourly.due(None, 1000));
+        assert!(!hourly.due(Some(1000), 4599));
+        assert!(hourly.due(Some(1000), 4600));
+        // every hour at :30 (a start time of 00:30)
+        let at_half = Schedule {
+            interval: Duration::from_secs(3600),
+            start: Some(1800),
+        };
+        assert!(!at_half.due(Some(7200), 7200 + 1799), "before 02:30");
+        assert!(at_half.due(Some(7200), 7200 + 1800), "02:30");
+        assert!(
+            !at_half.due(Some(9000), 9000 + 3599),
+            "taken at 02:30, before 03:30"
+        );
+        assert!(!at_half.due(Some(2000), 1000), "before the start");
+        assert!(Schedule::every(Duration::ZERO).due(Some(5), 5));
+    }
 
     #[test]
     fn the_last_sync_is_read_from_the_daemons_description() {

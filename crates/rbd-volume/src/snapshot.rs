@@ -1463,13 +1463,20 @@ pub async fn delete_volume(
     // Read without opening the image (no librbd ImageCtx): most volumes are plain ones, and
     // for them this read and the removal are all the Ceph work a deletion does.
     let (intermediate, mut purge) = match cluster.metadata_list_unopened(pool, image).await {
-        Ok(meta) => (
-            meta.get(META_CLONE_INTERMEDIATE).cloned(),
-            // A restore or clone (it records its source) may be the last child of a trashed
-            // snapshot image, which can go once the child is gone.
-            meta.get(META_CONTENT_SOURCE)
-                .is_some_and(|source| !source.is_empty()),
-        ),
+        Ok(meta) => {
+            // a mirrored image is demoted first so that the peer site keeps its copy (an image
+            // another volume owns is refused below, untouched)
+            if claimant.check(&meta, image).is_ok() {
+                crate::mirror::release_before_delete(cluster, pool, image).await?;
+            }
+            (
+                meta.get(META_CLONE_INTERMEDIATE).cloned(),
+                // A restore or clone (it records its source) may be the last child of a trashed
+                // snapshot image, which can go once the child is gone.
+                meta.get(META_CONTENT_SOURCE)
+                    .is_some_and(|source| !source.is_empty()),
+            )
+        }
         // The volume is gone already: a retry after its removal, whose intermediate removal
         // failed (e.g. a watcher). Its record is gone with it: the intermediate is looked for.
         Err(e) if e.is_not_found() => (find_intermediate(cluster, pool, image).await?, true),

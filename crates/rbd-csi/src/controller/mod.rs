@@ -244,6 +244,8 @@ pub(crate) fn volume_status(e: rbd_volume::Error) -> Status {
         E::MissingNamespace { .. } => Status::invalid_argument(e.to_string()),
         // the spec's code for "an operation is already pending for this volume"
         E::BeingCreated { .. } => Status::aborted(e.to_string()),
+        // retried: the peer site's daemon takes the demotion within seconds
+        E::MirrorPeer(_) => Status::unavailable(e.to_string()),
     }
 }
 
