@@ -704,11 +704,21 @@ pub const RECLAIM_SPACE_JOB_CRD: &str =
 pub const RECLAIM_SPACE_CRON_JOB_CRD: &str =
     include_str!("../../../deploy/csi-addons-crds/reclaimspacecronjobs.yaml");
 
+/// The csi-addons `VolumeReplicationClass` CRD of `deploy/csi-addons-crds/`, as YAML.
+pub const VOLUME_REPLICATION_CLASS_CRD: &str =
+    include_str!("../../../deploy/csi-addons-crds/volumereplicationclasses.yaml");
+
+/// The csi-addons `VolumeReplication` CRD of `deploy/csi-addons-crds/`, as YAML.
+pub const VOLUME_REPLICATION_CRD: &str =
+    include_str!("../../../deploy/csi-addons-crds/volumereplications.yaml");
+
 /// Every csi-addons CRD of `deploy/csi-addons-crds/`, as YAML.
-pub const CSI_ADDONS_CRDS: [&str; 3] = [
+pub const CSI_ADDONS_CRDS: [&str; 5] = [
     NETWORK_FENCE_CRD,
     RECLAIM_SPACE_JOB_CRD,
     RECLAIM_SPACE_CRON_JOB_CRD,
+    VOLUME_REPLICATION_CLASS_CRD,
+    VOLUME_REPLICATION_CRD,
 ];
 
 /// Stores a CRD (YAML) as a create through the API would; an existing one is kept. Must run

@@ -136,7 +136,8 @@ impl EmulatorBuilder {
     }
 
     /// Creates the csi-addons CRDs of `deploy/csi-addons-crds/` (`NetworkFence`,
-    /// `ReclaimSpaceJob`) at start (as on a cluster with csi-addons installed). Default: off.
+    /// `ReclaimSpaceJob`, `ReclaimSpaceCronJob`, `VolumeReplicationClass`, `VolumeReplication`)
+    /// at start (as on a cluster with csi-addons installed). Default: off.
     pub fn csi_addons_crds(mut self, on: bool) -> Self {
         self.csi_addons_crds = on;
         self

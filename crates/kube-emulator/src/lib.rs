@@ -37,7 +37,7 @@ mod validation;
 
 pub use crd::{
     CSI_ADDONS_CRDS, NETWORK_FENCE_CRD, RECLAIM_SPACE_CRON_JOB_CRD, RECLAIM_SPACE_JOB_CRD,
-    SNAPSHOT_CRDS,
+    SNAPSHOT_CRDS, VOLUME_REPLICATION_CLASS_CRD, VOLUME_REPLICATION_CRD,
 };
 pub use emulator::{DEFAULT_WATCH_HISTORY, Emulator, EmulatorBuilder, RequestRecord};
 pub use faults::Faults;

@@ -13,7 +13,8 @@
 //! [`attach::Attacher`] backend.
 //!
 //! Reclaiming space: [`reclaim_space`] serves csi-addons' ReclaimSpaceJob over a
-//! [`reclaim_space::SpaceReclaimer`] backend.
+//! [`reclaim_space::SpaceReclaimer`] backend. Disaster recovery: [`replication`] serves
+//! csi-addons' VolumeReplication over a [`replication::VolumeReplicator`] backend.
 //!
 //! Pure decisions live in [`ownership`] (is this claim ours?), [`pv`] (finish a PV, should this
 //! PV be deleted?), [`resize`] (does this claim need expansion?) and [`quantity`].
@@ -22,6 +23,38 @@
 // Kubernetes kinds and field values (PersistentVolume, WaitForFirstConsumer) are prose here,
 // not code; backticking every one would make the docs harder to read.
 #![allow(clippy::doc_markdown)]
+
+/// `kube::Resource` for a typed custom resource whose `metadata` field is its `ObjectMeta`:
+/// `custom_resource!(Type, group, version, "Kind", "plural", Scope)`.
+macro_rules! custom_resource {
+    ($ty:ty, $group:expr, $version:expr, $kind:literal, $plural:literal, $scope:ty) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind((): &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($kind)
+            }
+            fn group((): &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($group)
+            }
+            fn version((): &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($version)
+            }
+            fn plural((): &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($plural)
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(
+                &mut self,
+            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
 
 pub mod attach;
 pub mod config;
@@ -41,6 +74,7 @@ pub mod pv;
 pub mod quantity;
 pub mod queue;
 pub mod reclaim_space;
+pub mod replication;
 pub mod resize;
 pub mod snapshot;
 pub mod volume;

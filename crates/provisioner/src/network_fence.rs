@@ -19,7 +19,6 @@
 //! A NetworkFence naming another driver that is installed (its CSIDriver exists) is left to
 //! that driver; one naming no installed driver is `Failed` (`spec.driver`).
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -99,29 +98,14 @@ pub struct NetworkFenceStatus {
     pub conditions: Vec<serde_json::Value>,
 }
 
-impl kube::Resource for NetworkFence {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind((): &()) -> Cow<'_, str> {
-        Cow::Borrowed("NetworkFence")
-    }
-    fn group((): &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version((): &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1alpha1")
-    }
-    fn plural((): &()) -> Cow<'_, str> {
-        Cow::Borrowed("networkfences")
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+custom_resource!(
+    NetworkFence,
+    GROUP,
+    "v1alpha1",
+    "NetworkFence",
+    "networkfences",
+    ClusterResourceScope
+);
 
 /// What a backend is asked to fence or unfence.
 #[derive(Clone, Copy, Debug)]

@@ -17,7 +17,6 @@
 //!
 //! A schedule that does not parse gets a Warning Event on the cron job naming `spec.schedule`.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -109,29 +108,14 @@ pub struct ReclaimSpaceCronJobStatus {
     pub last_successful_time: Option<Time>,
 }
 
-impl kube::Resource for ReclaimSpaceCronJob {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind((): &()) -> Cow<'_, str> {
-        Cow::Borrowed("ReclaimSpaceCronJob")
-    }
-    fn group((): &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version((): &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1alpha1")
-    }
-    fn plural((): &()) -> Cow<'_, str> {
-        Cow::Borrowed("reclaimspacecronjobs")
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+custom_resource!(
+    ReclaimSpaceCronJob,
+    GROUP,
+    "v1alpha1",
+    "ReclaimSpaceCronJob",
+    "reclaimspacecronjobs",
+    NamespaceResourceScope
+);
 
 struct Context {
     client: Client,

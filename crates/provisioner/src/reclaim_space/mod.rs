@@ -26,7 +26,6 @@
 //! `spec.retryDeadlineSeconds` (default 600) have passed since `startTime`; then the job fails.
 //! A finished job is never run again: a new job runs another reclaim.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -129,29 +128,14 @@ pub struct ReclaimSpaceJobStatus {
     pub completion_time: Option<Time>,
 }
 
-impl kube::Resource for ReclaimSpaceJob {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind((): &()) -> Cow<'_, str> {
-        Cow::Borrowed("ReclaimSpaceJob")
-    }
-    fn group((): &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version((): &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1alpha1")
-    }
-    fn plural((): &()) -> Cow<'_, str> {
-        Cow::Borrowed("reclaimspacejobs")
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+custom_resource!(
+    ReclaimSpaceJob,
+    GROUP,
+    "v1alpha1",
+    "ReclaimSpaceJob",
+    "reclaimspacejobs",
+    NamespaceResourceScope
+);
 
 /// What a backend is asked to reclaim.
 #[derive(Clone, Copy)]

@@ -5,7 +5,6 @@
 //! (They carry no `apiVersion`/`kind`: to create one, post it through an `Api<DynamicObject>`
 //! of `ApiResource::erase::<T>(&())`, or as JSON.)
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -21,29 +20,14 @@ pub const SNAPSHOT_VERSION: &str = "v1";
 
 macro_rules! snapshot_resource {
     ($ty:ty, $kind:literal, $plural:literal, $scope:ty) => {
-        impl kube::Resource for $ty {
-            type DynamicType = ();
-            type Scope = $scope;
-
-            fn kind((): &()) -> Cow<'_, str> {
-                Cow::Borrowed($kind)
-            }
-            fn group((): &()) -> Cow<'_, str> {
-                Cow::Borrowed(SNAPSHOT_GROUP)
-            }
-            fn version((): &()) -> Cow<'_, str> {
-                Cow::Borrowed(SNAPSHOT_VERSION)
-            }
-            fn plural((): &()) -> Cow<'_, str> {
-                Cow::Borrowed($plural)
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
+        custom_resource!(
+            $ty,
+            SNAPSHOT_GROUP,
+            SNAPSHOT_VERSION,
+            $kind,
+            $plural,
+            $scope
+        );
     };
 }
 
