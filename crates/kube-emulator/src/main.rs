@@ -36,6 +36,10 @@ struct Args {
     /// --controller-qps 20 --controller-burst 30.
     #[arg(long, conflicts_with = "controller_qps")]
     default_control_plane: bool,
+    /// Serve the csi-addons CRDs of deploy/csi-addons-crds/ (NetworkFence, ReclaimSpaceJob,
+    /// ReclaimSpaceCronJob, VolumeReplicationClass, VolumeReplication) from the start.
+    #[arg(long)]
+    csi_addons_crds: bool,
 }
 
 #[tokio::main]
@@ -50,7 +54,8 @@ async fn main() -> std::io::Result<()> {
     let args = Args::parse();
     let mut builder = Emulator::builder()
         .pv_controller(!args.no_pv_controller)
-        .watch_history(args.watch_history);
+        .watch_history(args.watch_history)
+        .csi_addons_crds(args.csi_addons_crds);
     if args.default_control_plane {
         builder = builder.controller_client_limit(
             EmulatorBuilder::KCM_CLIENT_QPS,

@@ -3,7 +3,7 @@
 use tracing_subscriber::EnvFilter;
 
 use rbd_provisioner::cli::{self, Cli, Command, LogArgs, LogFormat, csi, exit, run};
-use rbd_provisioner::commands::{gc, migrate};
+use rbd_provisioner::commands::{dr, gc, migrate};
 
 fn init_logging(log: &LogArgs) {
     let level = match log.verbosity {
@@ -55,6 +55,7 @@ fn main() {
                 Some(Command::Csi(args)) => csi::run(args).await,
                 Some(Command::Gc(args)) => gc::run(args).await,
                 Some(Command::Migrate(args)) => migrate::run(args).await,
+                Some(Command::Dr(args)) => dr::run(args).await,
             }
         })
     }));

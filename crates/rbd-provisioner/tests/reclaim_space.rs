@@ -19,7 +19,6 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use support::Harness;
 
 const MIB: u64 = 1 << 20;
@@ -73,17 +72,7 @@ async fn harness() -> (Harness, support::Process) {
 }
 
 fn digest(image: &str) -> String {
-    let ceph = micro_ceph::cluster();
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::remove_file(file.path()).unwrap();
-    ceph.rbd(&[
-        "export",
-        "--no-progress",
-        &format!("{}/{image}", ceph.pool),
-        file.path().to_str().unwrap(),
-    ])
-    .unwrap();
-    format!("{:x}", Sha256::digest(std::fs::read(file.path()).unwrap()))
+    support::export_digest(micro_ceph::cluster(), image)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

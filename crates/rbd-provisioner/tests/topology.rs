@@ -17,21 +17,6 @@ use support::Harness;
 const ZONE: &str = "topology.kubernetes.io/zone";
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 
-fn create_pool(h: &Harness, pool: &str) {
-    let out = h
-        .ceph
-        .cli("ceph")
-        .args(["osd", "pool", "create", pool, "8"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    h.ceph.rbd(&["pool", "init", pool]).unwrap();
-}
-
 async fn create_node(h: &Harness, name: &str, zone: Option<&str>) {
     let nodes: Api<Node> = Api::all(h.client.clone());
     let labels = match zone {
@@ -86,7 +71,7 @@ fn affinity(pv: &PersistentVolume) -> Vec<(String, String, Vec<String>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_for_first_consumer_claims_get_the_pool_and_affinity_of_the_selected_nodes_zone() {
     let h = Harness::start().await;
-    create_pool(&h, "zone-b");
+    h.create_pool("zone-b");
     create_node(&h, "node-a", Some("a")).await;
     create_node(&h, "node-b", Some("b")).await;
     create_node(&h, "node-c", Some("c")).await;

@@ -9,6 +9,7 @@ pub mod params;
 pub mod pv_build;
 pub mod rbd;
 pub mod reclaim;
+pub mod replication;
 pub mod secrets;
 pub mod snapshots;
 pub mod sources;

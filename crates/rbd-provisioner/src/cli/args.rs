@@ -54,6 +54,9 @@ pub enum Command {
     /// Replace PVs with an in-tree rbd source by PVs of our CSI driver (same name, image and
     /// claim); crash-safe, resumable, never deletes an image. See docs/migration.md.
     Migrate(crate::commands::migrate::MigrateArgs),
+    /// Disaster recovery on the site that holds mirrored copies: list them, and make the PVs,
+    /// claims and VolumeReplications of a namespace's copies. See docs/disaster-recovery.md.
+    Dr(crate::commands::dr::DrArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -191,6 +194,12 @@ pub struct ProvisionerArgs {
     /// once a minute.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
     pub reclaim_space: bool,
+    /// Serve csi-addons' VolumeReplication objects (replication.storage.openshift.io/v1alpha1)
+    /// whose VolumeReplicationClass names --csi-driver-name: mirror their claim's image to the
+    /// peer Ceph cluster (see docs/disaster-recovery.md). Without the CRDs installed the watch
+    /// looks for them again at most once a minute.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
+    pub volume_replication: bool,
     /// Run leader election on a Lease (required with more than one replica).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "true", action = clap::ArgAction::Set)]
     pub leader_elect: bool,

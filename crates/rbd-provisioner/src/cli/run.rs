@@ -154,6 +154,16 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
             schedules,
         )
     });
+    let replication = args.volume_replication.then(|| {
+        provisioner::replication::task(
+            client.clone(),
+            crate::backend::replication::RbdReplicator::new(backend.clone()),
+            provisioner::replication::ReplicationConfig {
+                backoff: config_backoff,
+                ..Default::default()
+            },
+        )
+    });
     let node_watch = fencing.clone().map(|fencing| {
         provisioner::fencing::task(
             client.clone(),
@@ -190,6 +200,9 @@ pub async fn run(args: ProvisionerArgs) -> anyhow::Result<()> {
     }
     if let Some(network_fence) = network_fence {
         controller = controller.with_companion(network_fence);
+    }
+    if let Some(replication) = replication {
+        controller = controller.with_companion(replication);
     }
     if let Some((reclaim_space, (claims_seen, schedules))) = reclaim_space {
         controller = controller

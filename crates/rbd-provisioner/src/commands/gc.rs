@@ -651,32 +651,13 @@ async fn scan(
                 continue;
             }
         };
-        let info = match &params.cluster_id {
-            Some(id) => match clusters.map(|c| c.lookup(id)) {
-                Some(Ok(info)) => Some(info),
-                Some(Err(e)) => {
-                    eprintln!("skipping StorageClass {class_name}: {e}");
-                    continue;
-                }
-                None => {
-                    eprintln!(
-                        "skipping StorageClass {class_name}: it names clusterID {id:?}; give \
-                         --cluster-config"
-                    );
-                    continue;
-                }
-            },
-            None => None,
+        let (monitors, namespace) = match crate::commands::class_location(&params, clusters) {
+            Ok(location) => location,
+            Err(e) => {
+                eprintln!("skipping StorageClass {class_name}: {e}");
+                continue;
+            }
         };
-        let monitors = match &info {
-            Some(info) => info.monitor_list(),
-            None => params.monitors_string(),
-        };
-        let namespace = params
-            .rados_namespace
-            .clone()
-            .or_else(|| info.and_then(|i| i.rados_namespace))
-            .unwrap_or_default();
         // every pool the class can put volumes in: its pool and its per-topology pools
         let mut class_pools = vec![params.pool.clone()];
         for p in params.topology_pools.iter().flatten() {

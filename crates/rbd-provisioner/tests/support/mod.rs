@@ -195,6 +195,22 @@ impl Harness {
         )
     }
 
+    /// Creates pool `pool` (8 PGs) in this harness's cluster, initialized for RBD.
+    pub fn create_pool(&self, pool: &str) {
+        let out = self
+            .ceph
+            .cli("ceph")
+            .args(["osd", "pool", "create", pool, "8"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.ceph.rbd(&["pool", "init", pool]).unwrap();
+    }
+
     /// The class parameters an old-provisioner user would write for this cluster.
     pub fn params(&self) -> Vec<(String, String)> {
         [
@@ -1027,4 +1043,23 @@ pub fn migrate_report(out: &std::process::Output) -> BTreeMap<String, serde_json
         .iter()
         .map(|r| (r["pv"].as_str().unwrap().to_string(), r.clone()))
         .collect()
+}
+
+/// The SHA-256 of `rbd export` of `image` in `ceph`'s pool: an image's whole content as a
+/// client reads it.
+pub fn export_digest(ceph: &micro_ceph::MicroCeph, image: &str) -> String {
+    use sha2::Digest;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::remove_file(file.path()).unwrap();
+    ceph.rbd(&[
+        "export",
+        "--no-progress",
+        &format!("{}/{image}", ceph.pool),
+        file.path().to_str().unwrap(),
+    ])
+    .unwrap();
+    format!(
+        "{:x}",
+        sha2::Sha256::digest(std::fs::read(file.path()).unwrap())
+    )
 }
