@@ -10,6 +10,10 @@ pub const END: &str = "<!-- rbd-bench: generated section ends -->";
 /// The markers of the snapshot scenario's section (`rbd-bench --snapshots N --markdown FILE`).
 pub const SNAPSHOTS_BEGIN: &str = "<!-- rbd-bench --snapshots: generated section begins; `rbd-bench --snapshots N --markdown BENCHMARKS.md` rewrites it -->";
 pub const SNAPSHOTS_END: &str = "<!-- rbd-bench --snapshots: generated section ends -->";
+/// The markers of the replication scenario's section (`rbd-bench --replication N --markdown
+/// FILE`).
+pub const REPLICATION_BEGIN: &str = "<!-- rbd-bench --replication: generated section begins; `rbd-bench --replication N --markdown BENCHMARKS.md` rewrites it -->";
+pub const REPLICATION_END: &str = "<!-- rbd-bench --replication: generated section ends -->";
 
 /// `doc` with the text between the markers replaced by `section` (the markers kept); `doc` with
 /// the marked section appended when it has no markers.
