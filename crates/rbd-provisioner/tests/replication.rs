@@ -5,8 +5,9 @@
 //! A claim with a primary VolumeReplication of a class with a one-minute interval: its image is
 //! mirrored, site-b's copy holds the same bytes and `lastSyncTime` is set within two intervals.
 //! Bad input is a `Validated` `False` condition naming the field (an unknown class, a journal
-//! class, no such claim, a pool without mirroring), with nothing changed in Ceph; a class of
-//! another provisioner is left alone. Deleting the claim removes site-a's image and leaves
+//! class, no such claim, a claim of another driver's volume), a pool without mirroring a
+//! `FailedToPromote` one, with nothing changed in Ceph; a class of another provisioner is left
+//! alone. Deleting the claim removes site-a's image and leaves
 //! site-b's copy, which site-b can then promote (without force). The VolumeReplication of the
 //! deleted claim goes when deleted.
 //!
@@ -15,6 +16,9 @@
 //! its PV (Retain, site-b's cluster in the handle) and claim and a primary VolumeReplication,
 //! which is promoted once site-a's is secondary; site-b's writes reach site-a, and site-a is
 //! primary again with them once site-b is secondary. The owner record follows the primary.
+//! Then site-a is lost at once (its provisioner and daemon killed): site-b, force-promoted by
+//! the annotation, holds the last sync, not site-a's later write; site-a back, a `resync` on
+//! its VolumeReplication makes its copy site-b's again.
 
 mod support;
 
@@ -241,6 +245,40 @@ async fn a_claim_is_replicated_to_the_peer_site_and_its_deletion_leaves_the_peer
             .contains("is not mirrored in image mode"),
         "{status}"
     );
+    // a claim bound to another driver's volume
+    let foreign_pv = serde_json::from_value(json!({
+        "metadata": {"name": "foreign-pv"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"namespace": "default", "name": "foreign"},
+            "csi": {"driver": "other.csi.example.com", "volumeHandle": "vol-1"},
+        },
+    }))
+    .unwrap();
+    h.volumes()
+        .create(&PostParams::default(), &foreign_pv)
+        .await
+        .unwrap();
+    let foreign_claim = serde_json::from_value(json!({
+        "metadata": {"name": "foreign", "namespace": "default"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": "foreign-pv",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }))
+    .unwrap();
+    h.claims()
+        .create(&PostParams::default(), &foreign_claim)
+        .await
+        .unwrap();
+    h.wait_bound("foreign").await;
+    create_replication(&h, "foreign", "every-minute", "foreign").await;
+    let message = wait_refused(&h, "foreign", "spec.dataSource").await;
+    assert!(message.contains("other.csi.example.com"), "{message}");
     // another provisioner's class: left to it
     create_replication_class(&h, "theirs", "other.csi.example.com", json!({})).await;
     create_replication(&h, "theirs", "theirs", "other").await;
@@ -340,14 +378,14 @@ async fn site_harness(ceph: &'static MicroCeph) -> (Harness, support::Process) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_planned_failover_through_the_dr_command_and_back() {
+async fn failovers_planned_and_unplanned_through_the_dr_command_and_back() {
     let (a, b): (&'static MicroCeph, &'static MicroCeph) = tokio::task::spawn_blocking(|| {
         let (a, b) = MicroCeph::start_two_sites().expect("the two sites");
         (&*Box::leak(Box::new(a)), &*Box::leak(Box::new(b)))
     })
     .await
     .unwrap();
-    let ((ha, _pa), (hb, _pb)) = tokio::join!(site_harness(a), site_harness(b));
+    let ((ha, mut pa), (hb, _pb)) = tokio::join!(site_harness(a), site_harness(b));
     let (site_a, site_b) = (connect(a).await, connect(b).await);
 
     // site-a's claim, replicated
@@ -443,6 +481,59 @@ async fn a_planned_failover_through_the_dr_command_and_back() {
         meta.get(rbd_volume::owner::META_KUBE_CLUSTER),
         Some(&ha.kube_cluster_id().await)
     );
+    wait_copy(
+        &hb,
+        b,
+        &site_b,
+        &image,
+        &written_on_b,
+        "site-b's copy after the failback",
+    )
+    .await;
+
+    // unplanned: site-a lost at once (its provisioner and daemon killed); a write there after
+    // the last sync never reaches site-b, which is force-promoted through its VolumeReplication
+    pa.kill();
+    a.kill_rbd_mirror();
+    a.fill_image(&a.pool, &image, 0, 4 * MIB, 0x33).unwrap();
+    replications(&hb)
+        .patch(
+            "app",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({
+                "metadata": {"annotations": {provisioner::replication::FORCE_PROMOTE_ANNOTATION: "true"}},
+                "spec": {"replicationState": "primary"},
+            })),
+        )
+        .await
+        .unwrap();
+    wait_status(&hb, "app", SYNC_WAIT, "force-promoted", |s| {
+        s["state"] == "Primary"
+    })
+    .await;
+    assert_eq!(
+        support::export_digest(b, &image),
+        written_on_b,
+        "site-b holds the last sync"
+    );
+    // site-a back: still primary (never both primary with neither told: its status says so
+    // until asked); resync makes it a copy of site-b's again
+    a.start_rbd_mirror().unwrap();
+    let _pa = ha.spawn_default();
+    set_state(&ha, "app", "resync").await;
+    wait_status(&ha, "app", SYNC_WAIT, "resynced", |s| {
+        s["state"] == "Secondary" && condition(s, "Resyncing")["status"] == "False"
+    })
+    .await;
+    wait_copy(
+        &ha,
+        a,
+        &site_a,
+        &image,
+        &written_on_b,
+        "site-a resynced from site-b",
+    )
+    .await;
 }
 
 /// Until `ceph`'s non-primary copy of `image` holds the bytes whose digest is `want`.

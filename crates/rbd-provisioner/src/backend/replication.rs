@@ -117,10 +117,11 @@ fn mirror_error(volume: &PersistentVolume, error: MirrorError) -> ReplicationErr
         e @ (MirrorError::PoolNotMirrored { .. } | MirrorError::JournalMode { .. }) => {
             ReplicationError::invalid(format!("volume {}", volume.name_any()), e.to_string())
         }
-        MirrorError::Ceph(ceph_rbd::Error::NotFound { .. }) => ReplicationError::invalid(
-            format!("volume {}", volume.name_any()),
-            "its image does not exist",
-        ),
+        // retried: a resync replaces the image (the daemon removes it and copies it again)
+        MirrorError::Ceph(ceph_rbd::Error::NotFound { .. }) => ReplicationError::failed(format!(
+            "volume {}: its image does not exist (now: a resync replaces it)",
+            volume.name_any()
+        )),
         e => ReplicationError::failed(e),
     }
 }
