@@ -229,6 +229,44 @@ impl Cluster {
         }
     }
 
+    /// The mirroring of `pool/image` with each site's status (none for an image not mirrored),
+    /// then, for a primary copy mirrored by snapshots whose mirror snapshots `due` finds due, a
+    /// new mirror snapshot: one open of the image for a replication's periodic look. The new
+    /// snapshot's ID, if one was taken.
+    ///
+    /// # Errors
+    /// Ceph errors.
+    pub async fn mirror_tick(
+        &self,
+        pool: &str,
+        image: &str,
+        due: impl FnOnce(&[MirrorSnapshot]) -> bool + Send + 'static,
+    ) -> Result<(MirrorGlobalStatus, Option<u64>), Error> {
+        self.with_image("read image mirroring", pool, image, false, move |img| {
+            let info = img.mirror_info()?;
+            if info.state != MirrorImageState::Enabled {
+                return Ok((
+                    MirrorGlobalStatus {
+                        info,
+                        sites: Vec::new(),
+                    },
+                    None,
+                ));
+            }
+            let sites = img.mirror_global_status()?.sites;
+            let snapshot = if info.primary
+                && info.snapshot_mode == Some(true)
+                && due(&img.mirror_snapshots()?)
+            {
+                Some(img.mirror_snapshot()?)
+            } else {
+                None
+            };
+            Ok((MirrorGlobalStatus { info, sites }, snapshot))
+        })
+        .await
+    }
+
     /// The mirror snapshots of `pool/image`, oldest first.
     ///
     /// # Errors

@@ -11,7 +11,10 @@
 
 use std::time::{Duration, SystemTime};
 
-use ceph_rbd::{Cluster, MirrorImageState, MirrorMode, MirrorSiteStatus, MirrorStatusState};
+use ceph_rbd::{
+    Cluster, MirrorGlobalStatus, MirrorImageState, MirrorMode, MirrorSiteStatus, MirrorSnapshot,
+    MirrorStatusState,
+};
 
 /// Why a mirroring step was refused. Ceph's own errors pass through.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +35,11 @@ pub enum MirrorError {
          gone for good, disable its mirroring here (rbd mirror image disable --force {image})"
     )]
     PeerNotDemoted { image: String, status: String },
+    #[error(
+        "image {image} is not mirrored: make it primary first (replicationState: primary), or \
+         on the other site"
+    )]
+    NotMirrored { image: String },
     #[error(transparent)]
     Ceph(#[from] ceph_rbd::Error),
 }
@@ -92,6 +100,16 @@ pub struct Replication {
 }
 
 impl Replication {
+    /// A non-primary copy that diverged from the peer's primary (split-brain: both were
+    /// primary): it replays again only after a resync.
+    #[must_use]
+    pub fn diverged(&self) -> bool {
+        !self.primary
+            && self.local.as_ref().is_some_and(|s| {
+                s.state == MirrorStatusState::Error && s.description.contains("split-brain")
+            })
+    }
+
     /// Whether a daemon replays the image now (up and replaying on the replaying side).
     #[must_use]
     pub fn replaying(&self) -> bool {
@@ -205,7 +223,12 @@ pub async fn replication(
     pool: &str,
     image: &str,
 ) -> Result<Replication, MirrorError> {
-    let status = cluster.mirror_image_status(pool, image).await?;
+    Ok(replication_of(
+        cluster.mirror_image_status(pool, image).await?,
+    ))
+}
+
+fn replication_of(status: MirrorGlobalStatus) -> Replication {
     let (local, peers): (Vec<_>, Vec<_>) = status
         .sites
         .into_iter()
@@ -216,14 +239,120 @@ pub async fn replication(
     let last_sync = replaying_side
         .as_ref()
         .and_then(|s| parse_sync_info(&s.description));
-    Ok(Replication {
+    Replication {
         state: status.info.state,
         primary: status.info.primary,
         global_id: status.info.global_id,
         peer,
         local,
         last_sync,
-    })
+    }
+}
+
+/// A primary's periodic look: mirroring enabled (snapshot mode; refused as [`enable`] refuses),
+/// the copy promoted when it is not primary (`force`: while the peer's is), a mirror snapshot
+/// when `schedule` has one due at `now`, and the replication as it is. In the steady state (a
+/// primary already) one open of the image, plus the snapshot when due; the owner record is made
+/// to name `kube_cluster` ([`record_primary_site`]).
+///
+/// # Errors
+/// [`MirrorError::PoolNotMirrored`], [`MirrorError::JournalMode`], Ceph errors (`Busy`: the
+/// peer's copy is still primary and `force` is not set).
+pub async fn primary_tick(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    force: bool,
+    schedule: Option<Schedule>,
+    kube_cluster: &str,
+    now: SystemTime,
+) -> Result<Replication, MirrorError> {
+    let now_s = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let due = move |snapshots: &[MirrorSnapshot]| {
+        let newest = snapshots
+            .iter()
+            .filter(|s| s.primary)
+            .map(|s| s.created)
+            .max();
+        schedule.is_some_and(|s| s.due(newest, now_s))
+    };
+    let (status, _) = cluster.mirror_tick(pool, image, due).await?;
+    let info = &status.info;
+    let changed = if info.state != MirrorImageState::Enabled {
+        enable(cluster, pool, image).await?;
+        true
+    } else if info.snapshot_mode == Some(false) {
+        return Err(MirrorError::JournalMode {
+            image: format!("{pool}/{image}"),
+        });
+    } else if !info.primary {
+        promote(cluster, pool, image, force).await?;
+        true
+    } else {
+        false
+    };
+    record_primary_site(cluster, pool, image, kube_cluster).await?;
+    if changed {
+        return replication(cluster, pool, image).await;
+    }
+    Ok(replication_of(status))
+}
+
+/// A secondary's periodic look: the copy demoted when it is primary, resynced with
+/// `auto_resync` when it diverged from the peer's primary ([`Replication::diverged`]), and the
+/// replication as it is. One open of the image in the steady state.
+///
+/// # Errors
+/// [`MirrorError::NotMirrored`], Ceph errors.
+pub async fn secondary_tick(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    auto_resync: bool,
+) -> Result<Replication, MirrorError> {
+    let mut r = demoted(cluster, pool, image).await?;
+    if auto_resync && r.diverged() {
+        resync(cluster, pool, image).await?;
+        r = replication(cluster, pool, image).await?;
+    }
+    Ok(r)
+}
+
+/// A resync's periodic look: the copy demoted when it is primary, and, unless `triggered` (asked
+/// before) or the copy replays the peer's primary, a full resync asked for; the replication as
+/// it is.
+///
+/// # Errors
+/// [`MirrorError::NotMirrored`], Ceph errors.
+pub async fn resync_tick(
+    cluster: &Cluster,
+    pool: &str,
+    image: &str,
+    triggered: bool,
+) -> Result<Replication, MirrorError> {
+    let r = demoted(cluster, pool, image).await?;
+    if triggered || r.replaying() {
+        return Ok(r);
+    }
+    resync(cluster, pool, image).await?;
+    replication(cluster, pool, image).await
+}
+
+/// The replication once this copy is not primary (demoted if it was).
+async fn demoted(cluster: &Cluster, pool: &str, image: &str) -> Result<Replication, MirrorError> {
+    let r = replication(cluster, pool, image).await?;
+    if r.state != MirrorImageState::Enabled {
+        return Err(MirrorError::NotMirrored {
+            image: format!("{pool}/{image}"),
+        });
+    }
+    if !r.primary {
+        return Ok(r);
+    }
+    demote(cluster, pool, image).await?;
+    replication(cluster, pool, image).await
 }
 
 /// Makes this site's copy primary (`force`: while the peer is unreachable and still primary).

@@ -16,18 +16,18 @@
 //! 2. The finalizer [`FINALIZER`] is put on: the replication is disabled before the object
 //!    goes.
 //! 3. `spec.replicationState`:
-//!    - `primary`: [`VolumeReplicator::enable`], [`VolumeReplicator::promote`] (forced only
-//!      with the annotation [`FORCE_PROMOTE_ANNOTATION`] `"true"`: a peer still primary is
-//!      otherwise never overruled), then [`VolumeReplicator::schedule`]. Conditions as
+//!    - `primary`: [`VolumeReplicator::primary`] (replication enabled, the copy promoted, forced
+//!      only with the annotation [`FORCE_PROMOTE_ANNOTATION`] `"true"`: a peer still primary is
+//!      otherwise never overruled; what is due on the class's interval). Conditions as
 //!      csi-addons sets them: `Completed` (`Promoted` or `FailedToPromote`), `Degraded`
 //!      (`Healthy`; `VolumeDegraded` while the peer does not replay; `Error` on failure),
 //!      `Resyncing` (`NotResyncing`), `Validated` (`PrerequisiteMet`). `state` `Primary`.
-//!    - `secondary`: [`VolumeReplicator::demote`]; `Completed` `Demoted`, `Degraded`
-//!      `VolumeDegraded` until the copy replays the peer's primary, then `Healthy`. With
-//!      `spec.autoResync`, a copy that cannot replay (it diverged from the peer's primary) is
-//!      resynced. `state` `Secondary`.
-//!    - `resync`: demoted and [`VolumeReplicator::resync`]ed; `Resyncing` `True`
-//!      (`ResyncTriggered`) until the copy replays again.
+//!    - `secondary`: [`VolumeReplicator::secondary`] (demoted; with `spec.autoResync`, a copy
+//!      that diverged from the peer's primary resynced); `Completed` `Demoted`, `Degraded`
+//!      `VolumeDegraded` until the copy replays the peer's primary, then `Healthy`. `state`
+//!      `Secondary`.
+//!    - `resync`: [`VolumeReplicator::resync`] (demoted, a resync asked for once); `Resyncing`
+//!      `True` (`ResyncTriggered`) until the copy replays again.
 //! 4. `status.lastSyncTime`, `lastSyncBytes` and `lastSyncDuration` are the last completed
 //!    sync the backend reports; `lastStartTime` and `lastCompletionTime` bound the last
 //!    operation. The object is looked at again every scheduling interval (a primary) or
@@ -213,8 +213,6 @@ pub struct ReplicationInfo {
     /// The replication runs: for a primary, the peer replays it; for a secondary, it replays
     /// the peer's primary.
     pub replaying: bool,
-    /// A secondary that diverged from the peer's primary (a resync is needed).
-    pub diverged: bool,
     /// What the storage says of the replication, for messages.
     pub description: String,
     /// When the last completed sync's data was taken.
@@ -276,34 +274,33 @@ pub trait VolumeReplicator: Send + Sync {
         parameters: &BTreeMap<String, String>,
     ) -> Result<Option<Duration>, ReplicationError>;
 
-    /// Enables the replication of the volume (its copy becomes primary). Idempotent.
-    async fn enable(&self, request: &ReplicationRequest<'_>) -> Result<(), ReplicationError>;
-
-    /// Makes this copy primary (`force`: while the peer's copy is still primary). Idempotent.
-    async fn promote(
+    /// Makes and keeps this copy primary: replication enabled, the copy promoted (`force`:
+    /// even while the peer's copy is still primary), whatever a primary's replication has due
+    /// now (e.g. a mirror snapshot on the class's interval). Called once per look.
+    async fn primary(
         &self,
         request: &ReplicationRequest<'_>,
         force: bool,
-    ) -> Result<(), ReplicationError>;
+    ) -> Result<ReplicationInfo, ReplicationError>;
 
-    /// Makes this copy secondary. Idempotent.
-    async fn demote(&self, request: &ReplicationRequest<'_>) -> Result<(), ReplicationError>;
+    /// Makes and keeps this copy secondary (demoted); with `auto_resync`, a copy that diverged
+    /// from the peer's primary is resynced.
+    async fn secondary(
+        &self,
+        request: &ReplicationRequest<'_>,
+        auto_resync: bool,
+    ) -> Result<ReplicationInfo, ReplicationError>;
 
-    /// Asks for this secondary copy to be copied again from the peer's primary.
-    async fn resync(&self, request: &ReplicationRequest<'_>) -> Result<(), ReplicationError>;
+    /// Makes this copy secondary and asks for it to be copied again from the peer's primary,
+    /// unless `triggered` (asked by an earlier look) or it replays the peer's primary already.
+    async fn resync(
+        &self,
+        request: &ReplicationRequest<'_>,
+        triggered: bool,
+    ) -> Result<ReplicationInfo, ReplicationError>;
 
     /// Disables the replication of the volume. Idempotent; a volume already gone is fine.
     async fn disable(&self, request: &ReplicationRequest<'_>) -> Result<(), ReplicationError>;
-
-    /// What a primary's replication is due now (e.g. a mirror snapshot on the class's
-    /// interval).
-    async fn schedule(&self, request: &ReplicationRequest<'_>) -> Result<(), ReplicationError>;
-
-    /// The replication as it is.
-    async fn info(
-        &self,
-        request: &ReplicationRequest<'_>,
-    ) -> Result<ReplicationInfo, ReplicationError>;
 }
 
 /// Settings of the VolumeReplication controller.
@@ -698,11 +695,7 @@ async fn primary(
     force: bool,
     next: &mut VolumeReplicationStatus,
 ) -> Result<(), ReplicationError> {
-    let backend = &context.backend;
-    backend.enable(request).await?;
-    backend.promote(request, force).await?;
-    backend.schedule(request).await?;
-    let info = backend.info(request).await?;
+    let info = context.backend.primary(request, force).await?;
     record_sync(next, &info);
     next.state = Some("Primary".into());
     next.message = Some(if info.replaying {
@@ -728,13 +721,7 @@ async fn secondary(
     auto_resync: bool,
     next: &mut VolumeReplicationStatus,
 ) -> Result<(), ReplicationError> {
-    let backend = &context.backend;
-    backend.demote(request).await?;
-    let mut info = backend.info(request).await?;
-    if info.diverged && auto_resync {
-        backend.resync(request).await?;
-        info = backend.info(request).await?;
-    }
+    let info = context.backend.secondary(request, auto_resync).await?;
     record_sync(next, &info);
     next.state = Some("Secondary".into());
     next.message = Some(if info.replaying {
@@ -759,17 +746,11 @@ async fn resync(
     request: &ReplicationRequest<'_>,
     next: &mut VolumeReplicationStatus,
 ) -> Result<(), ReplicationError> {
-    let backend = &context.backend;
-    backend.demote(request).await?;
-    let mut info = backend.info(request).await?;
     let triggered = next
         .conditions
         .iter()
         .any(|c| c.type_ == "Resyncing" && c.status == "True");
-    if !info.replaying && !triggered {
-        backend.resync(request).await?;
-        info = backend.info(request).await?;
-    }
+    let info = context.backend.resync(request, triggered).await?;
     record_sync(next, &info);
     next.state = Some("Secondary".into());
     next.message = Some(if info.replaying && triggered {

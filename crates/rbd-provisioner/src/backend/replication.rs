@@ -114,7 +114,9 @@ fn schedule(parameters: &BTreeMap<String, String>) -> Result<Option<Schedule>, R
 
 fn mirror_error(volume: &PersistentVolume, error: MirrorError) -> ReplicationError {
     match error {
-        e @ (MirrorError::PoolNotMirrored { .. } | MirrorError::JournalMode { .. }) => {
+        e @ (MirrorError::PoolNotMirrored { .. }
+        | MirrorError::JournalMode { .. }
+        | MirrorError::NotMirrored { .. }) => {
             ReplicationError::invalid(format!("volume {}", volume.name_any()), e.to_string())
         }
         // retried: a resync replaces the image (the daemon removes it and copies it again)
@@ -174,75 +176,63 @@ impl VolumeReplicator for RbdReplicator {
         Ok(schedule(parameters)?.map(|s| s.interval))
     }
 
-    async fn enable(&self, request: &ReplicationRequest<'_>) -> Result<(), ReplicationError> {
-        let (location, cluster) = self.connect(request.volume).await?;
-        mirror::enable(&cluster, &location.pool_spec(), &location.image)
-            .await
-            .map_err(|e| mirror_error(request.volume, e))
-    }
-
-    async fn promote(
+    async fn primary(
         &self,
         request: &ReplicationRequest<'_>,
         force: bool,
-    ) -> Result<(), ReplicationError> {
+    ) -> Result<ReplicationInfo, ReplicationError> {
+        let schedule = schedule(request.parameters)?;
         let (location, cluster) = self.connect(request.volume).await?;
         let pool = location.pool_spec();
-        let info = cluster
-            .mirror_image_info(&pool, &location.image)
-            .await
-            .map_err(|e| mirror_error(request.volume, e.into()))?;
-        if !info.primary {
-            match mirror::promote(&cluster, &pool, &location.image, force).await {
-                Ok(()) => {}
-                Err(MirrorError::Ceph(ceph_rbd::Error::Busy { .. })) => {
-                    return Err(ReplicationError::failed(format!(
-                        "image {pool}/{} is not promoted: the peer's copy is still primary, or \
-                         its demotion has not reached this site yet. Demote it on the peer site; \
-                         if that site is lost, annotate this VolumeReplication {}=true to promote \
-                         anyway",
-                        location.image,
-                        provisioner::replication::FORCE_PROMOTE_ANNOTATION
-                    )));
-                }
-                Err(e) => return Err(mirror_error(request.volume, e)),
-            }
-        }
-        mirror::record_primary_site(
+        let replication = mirror::primary_tick(
             &cluster,
             &pool,
             &location.image,
+            force,
+            schedule,
             self.backend.kube_cluster(),
+            SystemTime::now(),
         )
         .await
+        .map_err(|e| match e {
+            MirrorError::Ceph(ceph_rbd::Error::Busy { .. }) => ReplicationError::failed(format!(
+                "image {pool}/{} is not promoted: the peer's copy is still primary, or its \
+                 demotion has not reached this site yet. Demote it on the peer site; if that \
+                 site is lost, annotate this VolumeReplication {}=true to promote anyway",
+                location.image,
+                provisioner::replication::FORCE_PROMOTE_ANNOTATION
+            )),
+            e => mirror_error(request.volume, e),
+        })?;
+        Ok(info_of(&replication))
+    }
+
+    async fn secondary(
+        &self,
+        request: &ReplicationRequest<'_>,
+        auto_resync: bool,
+    ) -> Result<ReplicationInfo, ReplicationError> {
+        let (location, cluster) = self.connect(request.volume).await?;
+        mirror::secondary_tick(
+            &cluster,
+            &location.pool_spec(),
+            &location.image,
+            auto_resync,
+        )
+        .await
+        .map(|r| info_of(&r))
         .map_err(|e| mirror_error(request.volume, e))
     }
 
-    async fn demote(&self, request: &ReplicationRequest<'_>) -> Result<(), ReplicationError> {
+    async fn resync(
+        &self,
+        request: &ReplicationRequest<'_>,
+        triggered: bool,
+    ) -> Result<ReplicationInfo, ReplicationError> {
         let (location, cluster) = self.connect(request.volume).await?;
-        let pool = location.pool_spec();
-        let info = cluster
-            .mirror_image_info(&pool, &location.image)
+        mirror::resync_tick(&cluster, &location.pool_spec(), &location.image, triggered)
             .await
-            .map_err(|e| mirror_error(request.volume, e.into()))?;
-        if info.state != ceph_rbd::MirrorImageState::Enabled {
-            return Err(ReplicationError::invalid(
-                format!("volume {}", request.volume.name_any()),
-                format!(
-                    "image {pool}/{} is not mirrored: make it primary first (replicationState: primary)",
-                    location.image
-                ),
-            ));
-        }
-        mirror::demote(&cluster, &pool, &location.image)
-            .await
-            .map_err(|e| mirror_error(request.volume, e))
-    }
-
-    async fn resync(&self, request: &ReplicationRequest<'_>) -> Result<(), ReplicationError> {
-        let (location, cluster) = self.connect(request.volume).await?;
-        mirror::resync(&cluster, &location.pool_spec(), &location.image)
-            .await
+            .map(|r| info_of(&r))
             .map_err(|e| mirror_error(request.volume, e))
     }
 
@@ -252,67 +242,31 @@ impl VolumeReplicator for RbdReplicator {
             .await
             .map_err(ReplicationError::failed)
     }
+}
 
-    async fn schedule(&self, request: &ReplicationRequest<'_>) -> Result<(), ReplicationError> {
-        let Some(schedule) = schedule(request.parameters)? else {
-            return Ok(());
-        };
-        let (location, cluster) = self.connect(request.volume).await?;
-        let pool = location.pool_spec();
-        if let Some(id) = mirror::snapshot_if_due(
-            &cluster,
-            &pool,
-            &location.image,
-            schedule,
-            SystemTime::now(),
-        )
-        .await
-        .map_err(|e| mirror_error(request.volume, e))?
-        {
-            tracing::debug!(image = %format!("{pool}/{}", location.image), snapshot = id, "mirror snapshot taken");
-        }
-        Ok(())
-    }
-
-    async fn info(
-        &self,
-        request: &ReplicationRequest<'_>,
-    ) -> Result<ReplicationInfo, ReplicationError> {
-        let (location, cluster) = self.connect(request.volume).await?;
-        let r = mirror::replication(&cluster, &location.pool_spec(), &location.image)
-            .await
-            .map_err(|e| mirror_error(request.volume, e))?;
-        let side = if r.primary { &r.peer } else { &r.local };
-        let description = side.as_ref().map_or_else(
-            || {
-                "no status reported yet (is an rbd-mirror daemon running on the peer site?)"
-                    .to_owned()
-            },
-            |s| {
-                format!(
-                    "{}{}: {}",
-                    if s.up { "up+" } else { "down+" },
-                    s.state.as_str(),
-                    s.description
-                )
-            },
-        );
-        let diverged = !r.primary
-            && side.as_ref().is_some_and(|s| {
-                s.state == ceph_rbd::MirrorStatusState::Error
-                    && s.description.contains("split-brain")
-            });
-        Ok(ReplicationInfo {
-            primary: r.primary,
-            replaying: r.replaying(),
-            diverged,
-            description,
-            last_sync_time: r
-                .last_sync
-                .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s.time).ok()),
-            last_sync_bytes: r.last_sync.and_then(|s| s.bytes),
-            last_sync_duration: r.last_sync.and_then(|s| s.duration),
-        })
+/// The controller's view of a replication.
+fn info_of(r: &mirror::Replication) -> ReplicationInfo {
+    let side = if r.primary { &r.peer } else { &r.local };
+    let description = side.as_ref().map_or_else(
+        || "no status reported yet (is an rbd-mirror daemon running on the peer site?)".to_owned(),
+        |s| {
+            format!(
+                "{}{}: {}",
+                if s.up { "up+" } else { "down+" },
+                s.state.as_str(),
+                s.description
+            )
+        },
+    );
+    ReplicationInfo {
+        primary: r.primary,
+        replaying: r.replaying(),
+        description,
+        last_sync_time: r
+            .last_sync
+            .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s.time).ok()),
+        last_sync_bytes: r.last_sync.and_then(|s| s.bytes),
+        last_sync_duration: r.last_sync.and_then(|s| s.duration),
     }
 }
 
