@@ -360,7 +360,15 @@ async fn an_out_of_service_node_is_fenced_before_its_volume_moves_and_unfenced_a
         .unwrap();
     let by_b = staged_by(&h, &image);
     assert_eq!(by_b["node"], "node-b", "{by_b}");
-    let address_b = by_b["address"].as_str().unwrap().to_owned();
+    let address_b = by_b["address"]
+        .as_str()
+        .unwrap_or_else(|| {
+            panic!(
+                "no client address recorded for node-b: {by_b}\nnode-b's plugin:\n{}",
+                plugin_b.log_text()
+            )
+        })
+        .to_owned();
     assert_ne!(address_a, address_b);
     assert!(!blocklist().contains(&address_b));
     assert_eq!(
