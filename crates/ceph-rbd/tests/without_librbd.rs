@@ -840,10 +840,22 @@ io.close(); c.shutdown()
         status.success() && said.contains(&"written".to_string()),
         "{said:?}"
     );
-    match removed {
-        Ok(()) => {}
-        Err(Error::InUse { .. }) => cluster.remove_image(&spec, &name).await.unwrap(),
-        Err(e) => panic!("{e}"),
+    // refused while in use: InUse names the watcher, Busy is librbd's answer while the writer's
+    // close is still being torn down; the writer has exited, so a later removal goes through
+    if let Err(e) = removed {
+        assert!(matches!(e, Error::InUse { .. } | Error::Busy { .. }), "{e}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match cluster.remove_image(&spec, &name).await {
+                Ok(()) => break,
+                Err(Error::InUse { .. } | Error::Busy { .. })
+                    if std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
     }
     assert!(!cluster.image_exists(&spec, &name).await.unwrap());
     assert_eq!(objects(&spec, &id), Vec::<String>::new(), "left behind");
