@@ -116,6 +116,21 @@ pub struct MirrorSnapshot {
     pub complete: bool,
 }
 
+/// A new mirror snapshot of the open image; librbd's EINVAL with its reasons.
+fn mirror_snapshot_of(img: &crate::raw::Image<'_>) -> Result<u64, Error> {
+    match img.mirror_snapshot() {
+        // librbd says no more than EINVAL; these are its reasons
+        Err(Error::InvalidArgument { op, target, .. }) => Err(Error::InvalidArgument {
+            op,
+            target,
+            reason: "refused by librbd: the image must be mirrored by snapshots and primary, and \
+                     its pool must have a peer cluster (rbd mirror pool peer)"
+                .into(),
+        }),
+        other => other,
+    }
+}
+
 impl Cluster {
     /// The mirroring mode of pool `pool` (a `pool/namespace` spec: the namespace's).
     ///
@@ -211,22 +226,10 @@ impl Cluster {
     /// Ceph errors, e.g. `InvalidArgument` when the image is not mirrored by snapshots or not
     /// primary.
     pub async fn mirror_image_snapshot(&self, pool: &str, image: &str) -> Result<u64, Error> {
-        let taken = self
-            .with_image("create mirror snapshot", pool, image, false, |img| {
-                img.mirror_snapshot()
-            })
-            .await;
-        match taken {
-            // librbd says no more than EINVAL; these are its reasons
-            Err(Error::InvalidArgument { op, target, .. }) => Err(Error::InvalidArgument {
-                op,
-                target,
-                reason: "refused by librbd: the image must be mirrored by snapshots and primary, \
-                         and its pool must have a peer cluster (rbd mirror pool peer)"
-                    .into(),
-            }),
-            other => other,
-        }
+        self.with_image("create mirror snapshot", pool, image, false, |img| {
+            mirror_snapshot_of(img)
+        })
+        .await
     }
 
     /// The mirroring of `pool/image` with each site's status (none for an image not mirrored),
@@ -258,7 +261,7 @@ impl Cluster {
                 && info.snapshot_mode == Some(true)
                 && due(&img.mirror_snapshots()?)
             {
-                Some(img.mirror_snapshot()?)
+                Some(mirror_snapshot_of(img)?)
             } else {
                 None
             };

@@ -194,24 +194,29 @@ pub async fn snapshot_if_due(
     schedule: Schedule,
     now: SystemTime,
 ) -> Result<Option<u64>, MirrorError> {
-    let info = cluster.mirror_image_info(pool, image).await?;
-    if info.state != MirrorImageState::Enabled || !info.primary {
-        return Ok(None);
-    }
-    let newest = cluster
-        .mirror_snapshots(pool, image)
-        .await?
-        .into_iter()
-        .filter(|s| s.primary)
-        .map(|s| s.created)
-        .max();
+    let (_, taken) = cluster
+        .mirror_tick(pool, image, due_at(Some(schedule), now))
+        .await?;
+    Ok(taken)
+}
+
+/// Whether `schedule` (none: never) has a snapshot due at `now` after a primary's mirror
+/// snapshots.
+fn due_at(
+    schedule: Option<Schedule>,
+    now: SystemTime,
+) -> impl FnOnce(&[MirrorSnapshot]) -> bool + Send + 'static {
     let now_s = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    if !schedule.due(newest, now_s) {
-        return Ok(None);
+    move |snapshots: &[MirrorSnapshot]| {
+        let newest = snapshots
+            .iter()
+            .filter(|s| s.primary)
+            .map(|s| s.created)
+            .max();
+        schedule.is_some_and(|s| s.due(newest, now_s))
     }
-    Ok(Some(cluster.mirror_image_snapshot(pool, image).await?))
 }
 
 /// The replication of `pool/image` as this site sees it.
@@ -267,18 +272,9 @@ pub async fn primary_tick(
     kube_cluster: &str,
     now: SystemTime,
 ) -> Result<Replication, MirrorError> {
-    let now_s = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    let due = move |snapshots: &[MirrorSnapshot]| {
-        let newest = snapshots
-            .iter()
-            .filter(|s| s.primary)
-            .map(|s| s.created)
-            .max();
-        schedule.is_some_and(|s| s.due(newest, now_s))
-    };
-    let (status, _) = cluster.mirror_tick(pool, image, due).await?;
+    let (status, _) = cluster
+        .mirror_tick(pool, image, due_at(schedule, now))
+        .await?;
     let info = &status.info;
     let changed = if info.state != MirrorImageState::Enabled {
         enable(cluster, pool, image).await?;
