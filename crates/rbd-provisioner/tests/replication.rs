@@ -121,26 +121,20 @@ async fn wait_refused(h: &Harness, name: &str, field: &str) -> String {
     message
 }
 
-async fn connect(ceph: &MicroCeph) -> std::sync::Arc<ceph_rbd::Cluster> {
-    ceph_rbd::ConnectionPool::new(ceph_rbd::PoolOptions::default())
-        .get(&ceph_rbd::ClusterConfig::new(
-            &ceph.monitors,
-            "admin",
-            ceph_rbd::Secret::new(ceph.admin_key.clone()),
-        ))
-        .await
-        .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_is_replicated_to_the_peer_site_and_its_deletion_leaves_the_peer_copy() {
-    // the sites stop with this process (their guardians), daemons included
-    let (a, b): (&'static MicroCeph, &'static MicroCeph) = tokio::task::spawn_blocking(|| {
+/// The two sites, peered with their daemons; they stop with this process (their guardians),
+/// daemons included.
+async fn sites() -> (&'static MicroCeph, &'static MicroCeph) {
+    tokio::task::spawn_blocking(|| {
         let (a, b) = MicroCeph::start_two_sites().expect("the two sites");
         (&*Box::leak(Box::new(a)), &*Box::leak(Box::new(b)))
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_replicated_to_the_peer_site_and_its_deletion_leaves_the_peer_copy() {
+    let (a, b) = sites().await;
     let h = Harness::start_with(
         kube_emulator::Emulator::builder()
             .csi_addons_crds(true)
@@ -158,7 +152,10 @@ async fn a_claim_is_replicated_to_the_peer_site_and_its_deletion_leaves_the_peer
                "replication.storage.openshift.io/replication-secret-name": "ignored"}),
     )
     .await;
-    let (site_a, site_b) = (connect(a).await, connect(b).await);
+    let (site_a, site_b) = (
+        support::admin_connection(a).await,
+        support::admin_connection(b).await,
+    );
 
     // a claim's data replicated: site-b's copy holds the same bytes, lastSyncTime set
     h.create_claim("data", "rbd", "32Mi", false).await;
@@ -379,14 +376,12 @@ async fn site_harness(ceph: &'static MicroCeph) -> (Harness, support::Process) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failovers_planned_and_unplanned_through_the_dr_command_and_back() {
-    let (a, b): (&'static MicroCeph, &'static MicroCeph) = tokio::task::spawn_blocking(|| {
-        let (a, b) = MicroCeph::start_two_sites().expect("the two sites");
-        (&*Box::leak(Box::new(a)), &*Box::leak(Box::new(b)))
-    })
-    .await
-    .unwrap();
+    let (a, b) = sites().await;
     let ((ha, mut pa), (hb, _pb)) = tokio::join!(site_harness(a), site_harness(b));
-    let (site_a, site_b) = (connect(a).await, connect(b).await);
+    let (site_a, site_b) = (
+        support::admin_connection(a).await,
+        support::admin_connection(b).await,
+    );
 
     // site-a's claim, replicated
     ha.create_claim("app", "rbd", "32Mi", false).await;

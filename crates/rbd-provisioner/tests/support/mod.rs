@@ -396,14 +396,7 @@ impl Harness {
 
     /// A librbd connection to the test cluster as its admin.
     pub async fn ceph_cluster(&self) -> std::sync::Arc<ceph_rbd::Cluster> {
-        ceph_rbd::ConnectionPool::default()
-            .get(&ceph_rbd::ClusterConfig::new(
-                &self.ceph.monitors,
-                "admin",
-                ceph_rbd::Secret::new(self.ceph.admin_key.clone()),
-            ))
-            .await
-            .unwrap()
+        admin_connection(self.ceph).await
     }
 
     pub fn image_meta(&self, image: &str, key: &str) -> Option<String> {
@@ -1062,4 +1055,16 @@ pub fn export_digest(ceph: &micro_ceph::MicroCeph, image: &str) -> String {
         "{:x}",
         sha2::Sha256::digest(std::fs::read(file.path()).unwrap())
     )
+}
+
+/// A client.admin connection to `ceph`.
+pub async fn admin_connection(ceph: &micro_ceph::MicroCeph) -> std::sync::Arc<ceph_rbd::Cluster> {
+    ceph_rbd::ConnectionPool::default()
+        .get(&ceph_rbd::ClusterConfig::new(
+            &ceph.monitors,
+            "admin",
+            ceph_rbd::Secret::new(ceph.admin_key.clone()),
+        ))
+        .await
+        .unwrap()
 }
