@@ -11,32 +11,34 @@
 //! image: the replicated bytes are read from the non-primary image itself once the copy is
 //! complete, compared with the primary's mirror snapshot.
 
+mod support;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use ceph_rbd::{ClusterConfig, ConnectionPool, MirrorImageState, PoolOptions, Secret};
+use ceph_rbd::MirrorImageState;
 use micro_ceph::MicroCeph;
 use rbd_volume::mirror::{self, Schedule};
+use support::admin_connection as connect;
 
 const SIZE: u64 = 32 << 20;
 /// How long a replication may take on a loaded 2-vCPU machine.
 const WAIT: Duration = Duration::from_secs(180);
 const HOUR: Duration = Duration::from_secs(3600);
 
-async fn connect(ceph: &MicroCeph) -> Arc<ceph_rbd::Cluster> {
-    ConnectionPool::new(PoolOptions::default())
-        .get(&ClusterConfig::new(
-            &ceph.monitors,
-            "admin",
-            Secret::new(ceph.admin_key.clone()),
-        ))
-        .await
-        .unwrap()
-}
-
 /// Runs a python-rbd script against `ceph`'s pool: argv is conf, pool, image, then `args`.
 fn python(ceph: &MicroCeph, script: &str, image: &str, args: &[&str]) -> String {
+    try_python(ceph, script, image, args).unwrap_or_else(|e| panic!("python-rbd: {e}"))
+}
+
+/// As [`python`]; the script's stderr when it fails.
+fn try_python(
+    ceph: &MicroCeph,
+    script: &str,
+    image: &str,
+    args: &[&str],
+) -> Result<String, String> {
     let out = Command::new("/usr/bin/python3")
         .args(["-c", script])
         .arg(&ceph.conf_path)
@@ -44,12 +46,10 @@ fn python(ceph: &MicroCeph, script: &str, image: &str, args: &[&str]) -> String 
         .args(args)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "python-rbd: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// Writes 4 MiB of bytes made from `seed` at `offset` of the image (a writer's I/O, through
@@ -72,8 +72,13 @@ io.close(); c.shutdown()
 
 /// The md5 of the whole image as of snapshot `snap_id` (`None`: the image itself).
 fn md5(ceph: &MicroCeph, image: &str, snap_id: Option<u64>) -> String {
+    try_md5(ceph, image, snap_id).unwrap_or_else(|e| panic!("python-rbd: {e}"))
+}
+
+/// As [`md5`]; the error while the image cannot be read (a resync replaces it).
+fn try_md5(ceph: &MicroCeph, image: &str, snap_id: Option<u64>) -> Result<String, String> {
     let snap = snap_id.map_or_else(|| "-".to_owned(), |id| id.to_string());
-    python(
+    try_python(
         ceph,
         "import sys, hashlib, rados, rbd
 c = rados.Rados(conffile=sys.argv[1]); c.connect()
@@ -116,8 +121,9 @@ async fn replicated(from: &MicroCeph, to: &MicroCeph, image: &str, snap: u64, wh
             let info = to_cluster.mirror_image_info(&to.pool, image).await.ok()?;
             (info.state == MirrorImageState::Enabled
                 && !info.primary
-                && md5(to, image, None) == want)
-                .then_some(())
+                // during a resync the daemon removes the copy and makes it again
+                && try_md5(to, image, None).is_ok_and(|got| got == want))
+            .then_some(())
         }
     })
     .await;
